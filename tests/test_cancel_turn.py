@@ -1,7 +1,8 @@
 """Cancelling one turn by its id (`Runtime.cancel(turn_id=)`): a cancel sent again, or from a page
 shown before, stops that turn and never a later one; a turn id that is not the session's cancels
 nothing and reports the session as it is; a malformed one is a `UsageError`. A cancel records
-an approval's passed deadline first. Both stores."""
+an approval's passed deadline first (a subagent's behind a mirror too), only where the
+session's agent is. Both stores."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 import signoff as so
 from signoff.testing import Capture, ManualClock, call, call_tools, reply, scripted_agent, timeline
 
+from ._delegation import refund_desk
 from ._steer import ALICE, events, plan_agent
 
 
@@ -167,3 +169,48 @@ async def test_a_cancel_naming_another_turn_records_no_passed_deadline(store_url
         other = await rt.cancel(sid, turn_id="trn_not_this_one", principal=ALICE)
         assert (other.turn_id, other.cancelled) == (waiting.turn_id, False)
         assert await rt.store.head(sid) == seq
+
+
+@pytest.mark.parametrize("on_timeout", ["deny", "approve", "escalate"])
+async def test_a_runtime_without_the_agent_refuses_the_cancel_recording_no_deadline(
+    store_url: str, on_timeout: Literal["deny", "approve", "escalate"]
+) -> None:
+    """`UnknownAgent`, the store unchanged, as before a cancel recorded deadlines first: it had
+    recorded the deadline, then raised, leaving an approved call's turn runnable with no one
+    to drive it. (`signoff cancel --store` stands agents in: it records it, then cancels.)"""
+    clock = ManualClock()
+    async with so.Runtime([_expiring([], on_timeout)], store=store_url, clock=clock) as rt:
+        waiting = await rt.generate("support", "refund order 1", auth=ALICE)
+    sid = waiting.session_id
+    clock.advance(61)
+    async with so.Runtime([], store=store_url, clock=clock) as bare:
+        seq = await bare.store.head(sid)
+        with pytest.raises(so.UnknownAgent):
+            await bare.cancel(sid, "never mind", principal=ALICE)
+        assert await bare.store.head(sid) == seq
+        stored = await bare.store.get_request(waiting.pending[0].id)
+        assert stored is not None and stored.status == "pending"
+
+
+@pytest.mark.parametrize("on_timeout", ["deny", "approve"])
+async def test_a_cancel_records_a_subagents_passed_deadline_behind_a_mirror_first(
+    store_url: str, on_timeout: Literal["deny", "approve"]
+) -> None:
+    """The mirror read `withdrawn`, as if the cancel had closed it, though the subagent's
+    deadline had: it now reads `expired`, as the subagent's request does, and the subagent's
+    turn that deadline resumed is cancelled with its parent's (the approved call never runs)."""
+    ran: list[str] = []
+    clock = ManualClock()
+    spec = so.always(expires_in=60, on_timeout=on_timeout)
+    async with so.Runtime(refund_desk(spec, ran), store=store_url, clock=clock) as rt:
+        waiting = await rt.generate("support", "refund 9", auth=ALICE)
+        (mirror,) = waiting.pending
+        assert mirror.child is not None
+        clock.advance(61)
+        done = await rt.cancel(waiting.session_id, "never mind", principal=ALICE)
+        assert (done.status, done.cancelled) == ("cancelled", True)
+        for rid in (mirror.id, mirror.child.request_id):
+            stored = await rt.store.get_request(rid)
+            assert stored is not None and stored.status == "expired"
+        assert (await rt.state(mirror.child.session_id)).status == "cancelled"
+        assert ran == []

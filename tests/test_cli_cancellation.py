@@ -160,3 +160,23 @@ def test_only_the_cancel_that_recorded_it_says_it_cancelled() -> None:
     assert _told("ses_1", None, None, 0, mine) == "[green]cancelled[/] turn trn_1 of ses_1"
     later = dataclasses.replace(mine, turn_id="trn_2")
     assert _told("ses_1", None, before, 1, later) == "[green]cancelled[/] turn trn_2 of ses_1"
+
+
+def test_cancel_without_a_runtime_records_a_passed_deadline_first(url: str) -> None:
+    """Its stand-in agents let it record the deadline that approved the call, then cancel the
+    turn it resumed: the request reads expired, and the call never runs."""
+    ran: list[str] = []
+    clock = ManualClock(time.time() - 3600)
+    spec = so.always(expires_in=60, on_timeout="approve")
+    with so.Runtime([refund_agent(ran, approval=spec)], store=url, clock=clock) as rt:
+        r = rt.generate_sync("support", "Refund order 1042")
+        assert r.status == "waiting"
+    result = invoke("cancel", r.session_id, "--store", url)
+    assert result.exit_code == 0 and "cancelled turn" in result.stdout, result.output
+    with so.Runtime([], store=url) as rt:
+        state = rt.state_sync(r.session_id)
+        assert state.turn is not None and state.turn.status == "cancelled"
+        assert [q.status for q in state.requests.values()] == ["expired"]
+        types = [e.type for e in rt.events_sync(r.session_id)]
+        assert types.index("approval.settled") < types.index("turn.cancelled")
+        assert "tool.started" not in types and ran == []

@@ -2,7 +2,8 @@
 first, so the turn is held on it no more. The send records the deadline and drives the turn it
 resumed on (an inline runtime), a `queue` message, or someone else's, waiting behind it and a
 `steer` one read in it; it had left a `queue` message queued and the turn `running` with
-nothing to drive it. With `inline=False` the turn is left to the workers. Both stores."""
+nothing to drive it. With `inline=False` the turn is left to the workers. A subagent's deadline
+behind a mirror is recorded first too, whoever looked at it before. Both stores."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any, Literal
 import pytest
 
 import signoff as so
-from signoff.testing import Capture, ManualClock, call, call_tools, reply, scripted_agent
+from signoff.testing import Capture, ManualClock, call, call_tools, reply, scripted_agent, timeline
 
 from ._steer import ALICE, BOB, events, texts
 from ._workers import is_, until, working
@@ -143,3 +144,97 @@ async def test_without_inline_the_turn_the_deadline_resumed_is_left_to_the_worke
 
 async def _idle(rt: so.Runtime, session_id: str) -> bool:
     return (await rt.state(session_id)).status == "idle"
+
+
+def refund_desk(
+    ran: list[str], on_timeout: Literal["deny", "approve"], *steps: Any
+) -> list[so.Agent]:
+    """`support` delegates refunding order 9 to `billing`, whose approval expires 60 s after it
+    is asked; `support` then takes `steps`."""
+
+    @so.tool(approval=so.always(expires_in=60, on_timeout=on_timeout))
+    def refund(order_id: str) -> str:
+        """Refund an order."""
+        ran.append(order_id)
+        return "refunded"
+
+    billing = scripted_agent(
+        "billing", [call_tools(call("refund", order_id="9")), reply("Refunded.")], tools=[refund]
+    )
+    support = scripted_agent(
+        "support",
+        [call_tools(call("billing", message="refund 9")), *steps],
+        tools=[so.delegate("billing")],
+    )
+    return [support, billing]
+
+
+@pytest.mark.parametrize("listing", [False, True], ids=["unlisted", "listed first"])
+@pytest.mark.parametrize("on_timeout", ["approve", "deny"])
+async def test_a_message_after_a_subagents_deadline_waits_behind_the_turn_it_resumed(
+    store_url: str, on_timeout: Literal["deny", "approve"], listing: bool
+) -> None:
+    """The deadline behind the mirror closed the approval before the message came, whoever
+    records it: the send did not, found the mirror open and steered, withdrawing it, and the
+    subagent's turn was cancelled (an approved refund never ran), unless a listing had
+    recorded the deadline first."""
+    ran: list[str] = []
+    clock = ManualClock()
+    agents = refund_desk(ran, on_timeout, reply("Done."), reply("On its way."))
+    async with so.Runtime(agents, store=store_url, clock=clock) as rt:
+        waiting = await rt.generate("support", "refund 9", auth=ALICE)
+        sid, (mirror,) = waiting.session_id, waiting.pending
+        assert mirror.child is not None
+        clock.advance(61)
+        if listing:
+            assert await rt.pending() == []
+        r = await rt.send(sid, "parcel?", principal=ALICE, turn_policy="queue")
+        assert (r.status, r.text, r.queued) == ("completed", "On its way.", False)
+        assert ran == (["9"] if on_timeout == "approve" else [])
+        assert [m for m, _ in await started(rt, sid)] == ["refund 9", "parcel?"]
+        for rid in (mirror.id, mirror.child.request_id):
+            stored = await rt.store.get_request(rid)
+            assert stored is not None and stored.status == "expired"
+        child = timeline(await events(rt, mirror.child.session_id))
+        assert "turn.cancelled" not in child and child[-2:] == ["turn.completed", "session.waiting"]
+
+
+async def test_a_steer_after_a_subagents_deadline_is_read_after_the_call_it_approved(
+    store_url: str,
+) -> None:
+    """The person the turn serves steers the turn the deadline resumed: the approved refund
+    runs, and the model reads its result, then the message. The steer had withdrawn the
+    mirror and cancelled the subagent's turn."""
+    ran: list[str] = []
+    clock = ManualClock()
+    resumed = Capture(reply("Refunded; your parcel is on its way."))
+    async with so.Runtime(refund_desk(ran, "approve", resumed), store=store_url, clock=clock) as rt:
+        waiting = await rt.generate("support", "refund 9", auth=ALICE)
+        (mirror,) = waiting.pending
+        clock.advance(61)
+        r = await rt.send(waiting.session_id, "where is my parcel?", principal=ALICE)
+        assert (r.status, r.turn_id) == ("completed", waiting.turn_id)
+        assert ran == ["9"]
+        seen = texts(resumed.last)
+        assert seen[-2][0] == "tool" and seen[-1] == ("user", "where is my parcel?")
+        stored = await rt.store.get_request(mirror.id)
+        assert stored is not None and stored.status == "expired"
+
+
+@pytest.mark.parametrize("on_timeout", ["deny", "approve"])
+async def test_a_runtime_without_the_agent_refuses_the_message_recording_no_deadline(
+    store_url: str, on_timeout: Literal["deny", "approve"]
+) -> None:
+    """`UnknownAgent`, the store unchanged: it had recorded the deadline first, then raised,
+    leaving an approved call's turn runnable with no one to drive it."""
+    clock = ManualClock()
+    agent = refund_agent([], reply("Done."), on_timeout=on_timeout)
+    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
+        waiting = await rt.generate("support", "refund order 1", auth=ALICE)
+    sid = waiting.session_id
+    clock.advance(61)
+    async with so.Runtime([], store=store_url, clock=clock) as bare:
+        seq = await bare.store.head(sid)
+        with pytest.raises(so.UnknownAgent):
+            await bare.send(sid, "parcel?", principal=ALICE, turn_policy="queue")
+        assert await bare.store.head(sid) == seq

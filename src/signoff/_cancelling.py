@@ -12,6 +12,7 @@ from ._answers import checked_cancel
 from ._call_guards import closes_stop
 from ._cancel_batch import CancelBatch
 from ._cancellation import expiring, stop_calls
+from ._child_closes import record_behind_mirrors
 from ._deadlines import due_batch
 from ._deletion import Deletion
 from ._exceptions import RequestClosed, SessionBusy, SessionExpired, UnknownSession
@@ -73,8 +74,12 @@ class Cancelling(Deletion):
                 # Passed deadlines first, as any call records them: their requests read expired,
                 # not withdrawn, and the turn one resumed is cancelled. (Not where a TTL above
                 # ends the turn: that records what time did, and a deadline's record is activity.)
-                await self._checked(session_id)
+                # Only where the session's agent is: else the cancel is refused (`UnknownAgent`)
+                # with nothing recorded, not a turn a deadline resumed left with no one to drive.
+                await self._checked(session_id, here=True)
                 continue  # decided again on the state that left
+            if not expiry and await record_behind_mirrors(self, state, drive=False):
+                continue  # its subagents' deadlines too: a mirror they closed reads expired
             if turn is None or turn_over(turn):
                 if turn is not None and turn.status == "cancelled":
                     # A cancel that died before reaching the turn's subagents: finish it.

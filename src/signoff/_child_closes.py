@@ -10,15 +10,23 @@ from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-from ._exceptions import SessionExpired, UnknownSession
+from ._exceptions import SessionExpired, StoreError, UnknownSession
 from ._mirrors import close_mirror
 from ._recording import runnable
 from ._state import SessionState
 
 if TYPE_CHECKING:
+    from ._answering import Answering
     from ._runtime import Runtime
 
-__all__ = ["after_close", "after_drive", "before_drive", "delegating", "parents_to_claims"]
+__all__ = [
+    "after_close",
+    "after_drive",
+    "before_drive",
+    "delegating",
+    "parents_to_claims",
+    "record_behind_mirrors",
+]
 
 delegating: ContextVar[frozenset[str]] = ContextVar("signoff_delegating", default=frozenset())
 """Child sessions their parent's drive is handling in this task (it goes on by itself)."""
@@ -101,6 +109,57 @@ async def after_close(rt: Runtime, state: SessionState) -> None:
             await close_mirror(rt, parent.id, live.request)
     if mirrors:
         await _go_on(rt, parent.id)
+
+
+async def record_behind_mirrors(rt: Answering, state: SessionState, *, drive: bool) -> bool:
+    """Record the passed deadlines and TTLs of the subagents the session's open mirrors stand
+    for (deepest first, where this runtime has their agents, as a listing does), and, if
+    `drive`, go on with the turns that left runnable (a listing drives them too: a call the
+    deadline approved runs); then close the mirrors of the requests that closed. Returns
+    whether the session changed. A call deciding on its turn (a send, a cancel) then finds it
+    as it would had a listing looked first: an approval a deadline closed holds the turn no
+    more. The session's own turn is left to that call, and so is a mirror whose request
+    closed unseen (an answer that call gives to it finds it closed) or one it cannot read."""
+    turn = state.turn
+    mirrors = [
+        r
+        for r in state.pending_requests()
+        if r.child is not None and turn is not None and r.turn_id == turn.id
+    ]
+    kids = list(dict.fromkeys(r.child.session_id for r in mirrors if r.child is not None))
+    if not kids:
+        return False
+    seq = state.seq  # `state` may be the cached copy, which the appends below move on
+    reset = delegating.set(delegating.get() | set(kids))  # their ends drive no parent
+    try:
+        moved = [kid for kid in kids if await _record_below(rt, kid, drive=drive)]
+        for mirror in mirrors:
+            if mirror.child is not None and mirror.child.session_id in moved:
+                await close_mirror(rt, state.id, mirror)
+    finally:
+        delegating.reset(reset)
+    return (await rt._state(state.id)).seq != seq
+
+
+async def _record_below(rt: Answering, child: str, *, drive: bool) -> bool:
+    """`record_behind_mirrors` for one subagent's session: whether this recorded anything."""
+    try:
+        kid = await rt._state(child)
+    except (UnknownSession, StoreError):
+        return False  # gone, or unreadable: the caller goes on as it would have
+    if kid.agent not in rt.agents:
+        return False  # left to a process that has it, which can go on with its turn
+    seq = kid.seq
+    with contextlib.suppress(SessionExpired, UnknownSession, StoreError):
+        applied: list[bool] = []
+        below = await record_behind_mirrors(rt, kid, drive=drive)
+        kid = await rt._checked(child, applied=applied)
+        if drive and (applied or below) and runnable(kid):
+            await rt._drive(child)
+    try:
+        return (await rt._state(child)).seq != seq
+    except (UnknownSession, StoreError):
+        return False
 
 
 def _mirrors(parent: SessionState, child: str) -> list[Any]:

@@ -14,8 +14,9 @@ from ._answers import match as _match
 from ._call_guards import closes_stop
 from ._cancellation import stop_calls
 from ._candidates import RECOVERY_GRACE
+from ._child_closes import record_behind_mirrors
 from ._counts import refused_only
-from ._dropped_keys import queued_here, sent_before
+from ._dropped_keys import queued_here, sent_before, still_queued
 from ._eligibility import check_policy_present
 from ._exceptions import (
     ConflictingAnswer,
@@ -82,12 +83,12 @@ class Messages(Answering):
         which says how to name each. One whose request another answer closed meanwhile is
         delivered anew, but never as the answer to a request opened after it arrived (a
         subagent's next question, once that answer let it go on). Otherwise, with `steer` (the
-        default),
-        open approvals are ignored, open questions withdrawn and the model reads the message;
-        with `queue` it waits for the end of the turn, unless the turn is held on an approval.
-        An approval whose deadline closed it before the message came holds nothing: the turn
-        that deadline resumed is driven on (by this call, if it recorded the deadline), with a
-        `queue` message (or someone else's) behind it, a `steer` one read in it.
+        default), open approvals are ignored, open questions withdrawn and the model reads the
+        message; with `queue` it waits for the end of the turn, unless the turn is held on an
+        approval. An approval whose deadline (or a subagent's, behind a mirror) closed it before
+        the message came holds nothing: the turn that deadline resumed is driven on (by this
+        call, if it recorded the deadline), with a `queue` message (or someone else's) behind
+        it, a `steer` one read in it.
         A message from someone other than the person the turn serves waits for the turn's end.
         A turn that failed in a way a retry can resume has not ended: such a message, and a
         `queue` one, waits for the retry to finish it (or a cancel); only a `steer` message from
@@ -134,7 +135,7 @@ class Messages(Answering):
         woke: list[bool] = []  # given True once this call recorded passed deadlines
         for _ in range(20):
             try:
-                state = await self._checked(session_id, applied=woke)
+                state = await self._checked(session_id, applied=woke, here=True)
             except SessionExpired:  # its TTL passed: a repeat of a message sent before replays
                 state = await self._state(session_id)
                 idem = await as_recorded(self, state, idem, principal, older)
@@ -151,6 +152,11 @@ class Messages(Answering):
             # Any other delivery goes on with the session's turn, only where its agent is: it is
             # refused first, nothing stored (an answer to a mirror too: see `_settle`).
             self.agent(state.agent)
+            # Its subagents' passed deadlines too, as its own: a mirror they closed holds the
+            # turn no more, whoever looked first (a listing records and drives them as well).
+            if await record_behind_mirrors(self, state, drive=True):
+                woke.append(True)
+                continue
             voted = await self._voted_behind(state, forms, principal)
             if voted is not None:
                 return await self._replay(session_id, voted)
@@ -457,7 +463,7 @@ class Messages(Answering):
         result = await self._drive(session_id)
         waiting = (await self._state(session_id)).queued
         who = None if principal is None else principal.model_dump()
-        return dataclasses.replace(result, queued=_kept(waiting, message, who, idem))
+        return dataclasses.replace(result, queued=still_queued(waiting, message, who, idem))
 
     async def _steer(
         self, state: SessionState, message: str, who: dict[str, Any] | None, idem: Keyed | None
@@ -584,15 +590,3 @@ def _still_judged(session_id: str, judged: _Judged) -> SessionBusy:
 def _denies(request: InputRequest, reply: Reply | None) -> bool:
     """Whether `reply` denies the approval `request` (its `cancel` option)."""
     return request.kind == "tool-approval" and reply is not None and reply.option_id == "cancel"
-
-
-def _kept(
-    queue: list[dict[str, Any]], message: str, who: dict[str, Any] | None, idem: Keyed | None
-) -> bool:
-    """Whether `message` (sent by `who`) still waits in `queue`, after the turns that took the
-    messages ahead of it."""
-    for waiting in queue:
-        if waiting.get("message") == message and waiting.get("principal") == who:
-            if idem is None or waiting.get("idem") == idem[0]:
-                return True  # an equal message sent with another key may wait ahead of it
-    return False

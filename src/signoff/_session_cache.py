@@ -373,13 +373,16 @@ class SessionCache(Leasing):
         probes: dict[str, bool] | None = None,
         span: DriveSpan | None = None,
         applied: list[bool] | None = None,
+        here: bool = False,
     ) -> SessionState:
         """The session's state with its lapsed TTL and passed deadlines applied; `lease` is the
         caller's lease on it (owner and token), if any, and `head` the session's head when it
         was granted. `trust_cache` skips the store's head when nothing is due on the cached
         state: a stale cache makes the caller's append conflict instead. `probes`: see
         `_busy`. `span`: the caller's drive's, which an expiry names (`_expire`). `applied` is
-        given True when this call recorded passed deadlines (which may make the turn runnable)."""
+        given True when this call recorded passed deadlines (which may make the turn runnable).
+        `here`: those are recorded only where this runtime has the session's agent, else
+        `UnknownAgent`, nothing recorded (a turn one resumed would have no one to drive it)."""
         check_session_id(session_id)
         now = self.now()
         cached = self._cache.get(session_id) if trust_cache else None
@@ -389,6 +392,8 @@ class SessionCache(Leasing):
         if state.expired(now):
             await self._expire(state, lease, probes, span=span)
         if due_batch(state, now) is not None:
+            if here:
+                self.agent(state.agent)
             recorded = await self._append(
                 session_id,
                 lambda st: due_batch(st, self.now()) or Batch(specs=[]),
