@@ -223,21 +223,26 @@ async def test_a_wait_for_a_change_cancelled_from_within_is_a_plain_sleep(
             assert waits == [0.2] and time.monotonic() - started >= 0.2
 
 
+@pytest.mark.parametrize("poll", [10.0, 0.6], ids=["in-the-wait", "after-the-wait"])
 async def test_a_stop_does_not_wait_for_a_renewal_under_way_between_polls(
-    store_url: str, monkeypatch: pytest.MonkeyPatch
+    store_url: str, monkeypatch: pytest.MonkeyPatch, poll: float
 ) -> None:
     """A stop while the hub renews its claims between polls, the store slow to answer, is
     prompt: the renewal is cut off, and writes nothing after the claim is given back (which
     waits for it, `Claims._writing`): another hub takes the channel at once. Before, the stop
-    waited for the renewal (5 seconds here)."""
+    waited for the renewal (5 seconds here); and it still did when the wait between polls had
+    ended while the renewal went on (`after-the-wait`, the likelier with short polls)."""
     async with so.Runtime([refunder], store=store_url) as rt:
-        hub = ChannelHub(rt, [Odd("hooks", set())], claim_ttl=1.5, poll_interval=10.0)
+        hub = ChannelHub(rt, [Odd("hooks", set())], claim_ttl=1.5, poll_interval=poll)
         real_claim, real_release = rt.store.claim_channel, rt.store.release_channel
         calls: list[str] = []
         slow = asyncio.Event()
 
         async def claim_channel(*args: Any, **kwargs: Any) -> Any:
-            if slow.is_set() and kwargs.get("renewing") and "slow" not in calls:
+            keeper = (task := asyncio.current_task()) is not None and task.get_name().endswith(
+                "-claims"
+            )
+            if slow.is_set() and kwargs.get("renewing") and keeper and "slow" not in calls:
                 calls.append("slow")
                 await asyncio.sleep(5)
                 calls.append("slow renewal wrote")
@@ -252,9 +257,10 @@ async def test_a_stop_does_not_wait_for_a_renewal_under_way_between_polls(
         await hub.start()
         other = ChannelHub(rt, [Odd("hooks", set())], claim_ttl=1.5)
         try:
-            await asyncio.sleep(0.2)  # its first poll done: waiting ten seconds for the next
+            await asyncio.sleep(0.2)  # its first poll done: waiting for the next
             slow.set()
             await _until(lambda: "slow" in calls)  # the keeper's renewal, under way
+            await asyncio.sleep(0.7 if poll < 1 else 0)  # after-the-wait: that wait is over
             started = time.monotonic()
             await hub.stop()
             assert time.monotonic() - started < 2.0

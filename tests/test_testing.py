@@ -516,3 +516,23 @@ def test_an_execution_log_refuses_a_symlink_into_no_directory(tmp_path: Path) ->
         testing.Execution(tool_name="t", session_id="s", call_id="c", idempotency_key="k", input={})
     )
     assert log.count("t") == 1 and (tmp_path / "gone" / "runs.jsonl").exists()
+
+
+def test_clearing_an_execution_log_reached_through_a_symlink_clears_the_file(
+    tmp_path: Path,
+) -> None:
+    """`clear()` deleted the link, not the log it names: the old executions stayed in the
+    file, and the next record made a plain file where the link had been."""
+    (tmp_path / "logs").mkdir()
+    target = tmp_path / "logs" / "runs.jsonl"
+    link = tmp_path / "runs.jsonl"
+    link.symlink_to(target)
+    log = ExecutionLog(link)
+    one = testing.Execution(
+        tool_name="t", session_id="s", call_id="c", idempotency_key="k", input={}
+    )
+    log.record(one)
+    log.clear()
+    assert link.is_symlink() and not target.exists() and log.count() == 0
+    log.record(one)
+    assert link.is_symlink() and target.exists() and log.count("t") == 1

@@ -352,6 +352,7 @@ async def test_an_approved_lazy_call_is_read_as_the_input_it_runs_with(
     the guardrail asked again at its start, and its trace, validated the model's own input
     again: they read another id than the one that ran."""
     seen_by: dict[str, list[str]] = {"guardrail": [], "body": []}
+    got: list[list[float]] = []
 
     class Watch(so.Guardrail):
         async def decide(self, ctx: so.ApprovalContext) -> so.Verdict | None:
@@ -364,7 +365,8 @@ async def test_an_approved_lazy_call_is_read_as_the_input_it_runs_with(
     ) -> dict[str, Any]:
         """Refund several amounts."""
         seen_by["body"].append(ref)
-        return {"ref": ref, "refunded": list(amounts)}
+        got.append(list(amounts))
+        return {"ref": ref, "refunded": got[-1]}
 
     proposal = call_tools(so.ToolCall(id="c1", name="refund_batch", input=given(False)))
     agent = scripted_agent(
@@ -378,6 +380,7 @@ async def test_an_approved_lazy_call_is_read_as_the_input_it_runs_with(
         r = await rt.generate(session_id=r.session_id, approvals=[approve], auth=ALICE)
     assert r.status == "completed"
     assert seen_by["body"] == [shown]
+    assert got == [AMOUNTS]  # whole: no reader used it up
     [_, at_start] = seen_by["guardrail"]  # as proposed (a validation of its own), then:
     assert at_start == shown  # asked again as the approved call starts
     [span] = _by_name(exporter.get_finished_spans())["execute_tool refund_batch"]

@@ -178,10 +178,12 @@ class ExecutionLog:
         return [e.idempotency_key for e in self.of(tool_name, replays=replays)]
 
     def clear(self) -> None:
-        """Forget every execution so far (a file-backed log deletes its file)."""
+        """Forget every execution so far (a file-backed log deletes its file; one reached
+        through a symlink, the file it names, not the link, which the next write made a file
+        of its own)."""
         self._executions.clear()
         if self.path is not None and self.path.exists():
-            self.path.unlink()
+            Path(os.path.realpath(self.path)).unlink()
 
     @overload
     def tool(self, fn: Callable[..., Any] | Tool, /) -> RecordingTool: ...

@@ -162,8 +162,17 @@ class Standby:
                 with contextlib.suppress(asyncio.CancelledError):
                     await keeper
             else:
-                # Shielded: a poll cut off (a stop) waits for a renewal under way.
-                await asyncio.shield(keeper)
+                # Shielded: a poll cut off (a stop) waits for a renewal under way; but a stop
+                # that comes once the wait between polls is over, while a renewal goes on, cuts
+                # it off as one during the wait does.
+                try:
+                    await asyncio.shield(keeper)
+                except asyncio.CancelledError:
+                    if waiting:
+                        keeper.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await keeper
+                    raise
 
     async def _keep(self, done: asyncio.Event) -> None:
         """Renew the claims held as each falls due (`Claims.due_in`) until `done`; a failure
