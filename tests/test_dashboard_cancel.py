@@ -151,3 +151,40 @@ def test_a_form_sent_twice_cancels_once_and_the_second_says_so(tmp_path: Path) -
     [cancelled] = [e for e in rt.events_sync(sid) if e.type == "turn.cancelled"]
     assert cancelled.turn_id == turn and cancelled.data["reason"] == "first"
     rt.close_sync()
+
+
+def test_a_failed_turn_a_retry_could_resume_is_offered_cancel_and_a_retry_reads_running(
+    tmp_path: Path,
+) -> None:
+    """A turn failed in a way a retry could resume holds back a message anyone but its person
+    sends, until a retry or a cancel ends it: the page offered no Cancel turn, so a reviewer's
+    message could wait for ever. And while a retry takes it up (`turn.resumed`: running), the
+    header still said "Turn failed" beside the running badge."""
+    from signoff.testing import reply, scripted_agent
+
+    agent = scripted_agent("support", [RuntimeError("the model broke"), reply("ok")])
+    store = f"sqlite:///{tmp_path / 's.db'}"
+    rt = so.Runtime([agent], store=store, poll_interval=0.05, inline=False)
+    with served(rt) as base:
+        started = _start(base)
+        sid = started["session_id"]
+        failed = so.Runtime([agent], store=store).generate_sync(session_id=sid)
+        assert failed.status == "failed"
+        with signed_in(base) as alice:
+            page = alice.get(f"/_signoff/sessions/{sid}").text
+            assert "data-session-status>failed<" in page and "Turn failed: " in page
+            assert f'action="/_signoff/sessions/{sid}/cancel"' in page
+            assert "This ends the failed turn, which a retry could still resume" in page
+            retry = rt.generate_sync(session_id=sid)  # inline=False: recorded running, not driven
+            assert retry.status == "running"
+            page = alice.get(f"/_signoff/sessions/{sid}").text
+            assert "data-session-status>running<" in page and "Turn failed: " not in page
+            assert "Retrying the failed turn" in page
+            r = alice.post(
+                f"/_signoff/sessions/{sid}/cancel",
+                data={"csrf": csrf_of(page), "turn": _turn_of(page)},
+                headers=HTML,
+            )
+            assert r.status_code == 303
+            page = alice.get(f"/_signoff/sessions/{sid}").text
+            assert "data-session-status>cancelled<" in page

@@ -129,6 +129,8 @@ def summary(e: Event, requests: dict[str, RequestState]) -> list[Part]:
         return [_said(said)] if said else [("failed", False)]
     if t == "turn.completed":
         return [("Turn completed", False)]
+    if t == "turn.resumed":  # a retry of the failed turn, inline or by a worker
+        return [("Retrying the failed turn", False)]
     if t == "turn.waiting":
         return _waiting(d, requests)
     if t == "session.waiting":
