@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 from typing import Annotated, Any
 
+import pytest
 from pydantic import AfterValidator, BaseModel, Field, SecretStr, model_validator
 
 import signoff as so
@@ -156,3 +157,75 @@ async def test_a_deploy_that_changes_what_the_input_validates_to_is_refused(
     result = await _approve(tmp_path, v2, proposed, req)
     assert got == [] and result.is_error
     assert "validates now to other input than was approved" in result.content["error"]
+
+
+def _set_tools() -> dict[str, so.Tool]:
+    async def label(labels: Annotated[list[str], AfterValidator(set)]) -> str:
+        """Label, each label once."""
+        return ""
+
+    async def tag(labels: set[str], order: list[str]) -> str:
+        """Tag, in an order."""
+        return ""
+
+    async def group(groups: set[frozenset[str]], pairs: set[tuple[str, str]]) -> str:
+        """Group."""
+        return ""
+
+    return {
+        "label": so.Tool(label, approval=so.always()),
+        "tag": so.Tool(tag, approval=so.always()),
+        "group": so.Tool(group, approval=so.always()),
+    }
+
+
+def _bound(tool: so.Tool, stored: dict[str, Any], raw: dict[str, Any]) -> bool:
+    """Whether `raw` validated binds an approval of `stored` (as an older signoff hashed it)."""
+    from signoff._bound_input import still_bound
+
+    return still_bound(so.Action.of("c1", tool.name, stored), tool, tool.validate(raw))
+
+
+@pytest.mark.filterwarnings("ignore:Pydantic serializer warnings:UserWarning")  # list[str] a set
+def test_a_set_shown_in_its_own_order_binds_by_its_items() -> None:
+    """An older signoff showed a set a validator made in its own order (the same in each of its
+    processes where PYTHONHASHSEED is pinned), and bound that form; this one shows it sorted.
+    The same items in another order are the same set: the approval binds. So for a declared
+    set, and sets inside a set."""
+    tools = _set_tools()
+    seeded = sorted(["red", "green", "blue", "amber"], reverse=True)  # not as shown now
+    assert tools["label"].approved_form(tools["label"].validate({"labels": seeded})) == {
+        "labels": sorted(seeded)
+    }
+    assert _bound(tools["label"], {"labels": seeded}, {"labels": seeded})
+    shown = {"labels": ["b", "a"], "order": ["x", "y"]}
+    assert _bound(tools["tag"], shown, {"labels": ["a", "b"], "order": ["x", "y"]})
+    groups = {"groups": [["b", "a"], ["d", "c"]], "pairs": [["b", "a"]]}
+    raw = {"groups": [["c", "d"], ["a", "b"]], "pairs": [["b", "a"]]}
+    assert _bound(tools["group"], groups, raw)
+
+
+def test_a_list_in_another_order_still_does_not_bind() -> None:
+    """Only a set's items may come in another order: a list (beside a set, or a tuple in a set)
+    reordered, other items, or a form that is not the one hashed, do not bind."""
+    tools = _set_tools()
+    tag, group = tools["tag"], tools["group"]
+    assert not _bound(
+        tag,
+        {"labels": ["a", "b"], "order": ["y", "x"]},
+        {"labels": ["a", "b"], "order": ["x", "y"]},
+    )
+    assert not _bound(
+        tag, {"labels": ["a", "c"], "order": ["x"]}, {"labels": ["a", "b"], "order": ["x"]}
+    )
+    pairs = {"groups": [], "pairs": [["a", "b"]]}
+    assert not _bound(group, pairs, {"groups": [], "pairs": [["b", "a"]]})
+    assert not _bound(
+        group, {"groups": [["a", "b"]], "pairs": []}, {"groups": [["a"], ["b"]], "pairs": []}
+    )
+    from signoff._bound_input import still_bound
+
+    forged = so.Action.of("c1", "tag", {"labels": ["b", "a"], "order": ["x"]})
+    forged = forged.model_copy(update={"input": {"labels": ["b", "a"], "order": ["y"]}})
+    validated = tag.validate({"labels": ["a", "b"], "order": ["y"]})
+    assert not still_bound(forged, tag, validated)  # its hash is another form's

@@ -439,3 +439,17 @@ def test_which_sets_iterate_alike_in_every_process() -> None:
     ]
     assert not any(_seeded(s) for s in alike)
     assert all(_seeded(s) for s in varying + [{float("nan")}])
+
+
+def test_an_approval_asked_before_under_a_pinned_seed_binds_now(tmp_path: Path) -> None:
+    """A deploy that pins PYTHONHASHSEED: the older signoff showed a set of text a validator made
+    (or a serializer wrote) in its own order, the same in each of its processes, so approvals
+    ran there. Asked by it and approved by this one, which shows the set sorted, each call runs:
+    a set binds by its items, not their order."""
+    url = f"sqlite:///{tmp_path}/state.db"
+    session_id, shown = _in_process(_old_source(tmp_path), "0", _ASK_OR_APPROVE, url)
+    labels = sorted(LABELS)
+    assert shown[0]["labels"] != labels and sorted(shown[0]["labels"]) == labels  # its own order
+    tagged = ",".join(labels)
+    done = _in_process(ROOT / "src", "0", _ASK_OR_APPROVE, url, session_id)
+    assert done == [["ok", tagged], ["ok", tagged], ["ok", tagged]]

@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel, Secret, SecretBytes, SecretStr, ValidationError
 from pydantic_core import PydanticSerializationError
 
+from ._input_sets import sets_alike
 from ._tool_json import holds_mask, is_mask, own_input
 from ._tools import Tool
 from ._types import Action, input_hash
@@ -17,15 +18,19 @@ __all__ = ["as_approved", "as_started", "binds", "left_out", "still_bound"]
 
 
 def still_bound(action: Action, tool: Tool, validated: BaseModel) -> bool:
-    """Whether `validated` is the input `action` binds, by the hash the reviewer approved: not
-    if it has no JSON form now (a validator that made another value), which no one saw."""
+    """Whether `validated` is the input `action` binds, by the hash the reviewer approved (or,
+    a set's items in another order, by the form so hashed: `sets_alike`): not if it has no
+    JSON form now (a validator that made another value), which no one saw."""
     try:
         form = tool.approved_form(validated)
     except PydanticSerializationError:
         return False
-    return input_hash(form, tool_name=action.tool_name, call_id=action.call_id) == (
-        action.input_hash
-    )
+    if input_hash(form, tool_name=action.tool_name, call_id=action.call_id) == action.input_hash:
+        return True
+    # A set an older signoff showed in its own order (the same in each process where
+    # PYTHONHASHSEED is pinned) binds by its items: the form it hashed, checked, is `form` else.
+    authentic = input_hash(action.input, tool_name=action.tool_name, call_id=action.call_id)
+    return authentic == action.input_hash and sets_alike(action.input, form, validated)
 
 
 def binds(action: Action, tool: Tool, raw: Any, validated: BaseModel) -> bool:

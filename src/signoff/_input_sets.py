@@ -1,6 +1,6 @@
-"""Sets in a tool's validated input: whether its model may make one at all, and its JSON form
+"""Sets in a tool's validated input: whether its model may make one at all, its JSON form
 (which a reviewer approves and an approval binds) with each set sorted, as a set's own order is
-another in each process (hash randomization)."""
+another in each process (hash randomization), and whether a form bound shows the same sets."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 from ._json_keys import in_order
 from ._types import same_json
 
-__all__ = ["json_key", "may_hold_sets", "sets_sorted"]
+__all__ = ["as_set", "json_key", "may_hold_sets", "sets_alike", "sets_sorted"]
 
 
 def sets_sorted(value: Any, dumped: Any, form: Any) -> Any:
@@ -116,6 +116,70 @@ def _iterated(value: set[Any] | frozenset[Any], form: list[Any]) -> bool:
         return same_json(to_jsonable_python(list(value), by_alias=True), form)
     except (PydanticSerializationError, ValueError, TypeError, RecursionError):
         return False
+
+
+def as_set(given: list[Any], shown: list[Any], held: bool) -> bool:
+    """Whether `shown` is `given` sorted as `approved_form` sorts a set's items (by their JSON
+    text), or, where the input is known to hold a set (`held`), its items in any order: a set
+    is shown sorted as a result's set is, or in its own order where that is every process's
+    (`sets_sorted`)."""
+    try:
+        ordered = sorted(given, key=_set_order)
+        if held:
+            return same_json(ordered, sorted(shown, key=_set_order))
+    except (TypeError, ValueError):
+        return False
+    return ordered != given and same_json(ordered, shown)
+
+
+def sets_alike(stored: Any, form: Any, value: Any) -> bool:
+    """Whether `stored` (the form an approval bound) is `form` (the JSON form of `value`,
+    validated input, now) but for the order of a set's items: where `value` holds a set, its
+    items in any order (`as_set`), sets among them too, as an older signoff bound a set in its
+    own order (the same in each process where PYTHONHASHSEED is pinned); anywhere else the
+    same JSON, a list's items in their order. Walked without recursion but in a set's items."""
+    stack: list[tuple[Any, Any, Any]] = [(stored, form, value)]
+    while stack:
+        one, shown, value = stack.pop()
+        while isinstance(value, RootModel):  # its JSON form is its root's
+            value = value.root
+        if isinstance(one, dict) and isinstance(shown, dict):
+            if one.keys() != shown.keys():
+                return False
+            parts = _parts(value)
+            stack.extend((v, shown[k], parts.get(k)) for k, v in one.items())
+        elif isinstance(one, list) and isinstance(shown, list) and len(one) == len(shown):
+            if isinstance(value, set | frozenset) and len(value) == len(shown):
+                depth = _sets_within(value)
+                mine = [_unordered(item, depth) for item in one]
+                if not as_set(mine, [_unordered(item, depth) for item in shown], held=True):
+                    return False
+                continue
+            inner = value if isinstance(value, list | tuple) and len(value) == len(one) else None
+            values = [None] * len(one) if inner is None else inner
+            stack.extend(zip(one, shown, values, strict=True))
+        elif not same_json(one, shown):
+            return False
+    return True
+
+
+def _sets_within(value: set[Any] | frozenset[Any]) -> int:
+    """How many levels of sets a set's items are (`set[frozenset[str]]`: 1): the lists that
+    show those are sets too, their items in any order."""
+    depth = 0
+    level: Any = value
+    while level and all(isinstance(item, set | frozenset) for item in level):
+        depth += 1
+        level = frozenset().union(*level)
+    return depth
+
+
+def _unordered(item: Any, depth: int) -> Any:
+    """A set's item as its form shows it, each list in it that shows a set (`depth` levels of
+    them: `_sets_within`) sorted by its items' JSON text."""
+    if depth and isinstance(item, list):
+        return sorted((_unordered(inner, depth - 1) for inner in item), key=_set_order)
+    return item
 
 
 def json_key(key: Any) -> str | None:

@@ -16,7 +16,7 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from ._events import FITS_BITS, check_digits, dumps
 from ._exceptions import UsageError
-from ._input_sets import json_key
+from ._input_sets import as_set, json_key
 from ._json_keys import as_json_keys, check_keys, key_not_text
 from ._text import cut
 from ._types import same_json
@@ -525,7 +525,7 @@ def edit_changed(
             )
         elif isinstance(one, list) and isinstance(shown, list) and len(one) == len(shown):
             held = isinstance(value, set | frozenset)
-            if (value is None or held) and _as_set(one, shown, held):
+            if (value is None or held) and as_set(one, shown, held):
                 continue
             inner = value if isinstance(value, list | tuple) and len(value) == len(one) else None
             pairs = enumerate(zip(one, shown, strict=True))
@@ -577,21 +577,3 @@ def _inner(value: Any, key: str) -> Any:
         return value[key]
     # A key that is not text (a number, an Enum) is shown by its JSON form.
     return next((v for k, v in value.items() if json_key(k) == key), None)
-
-
-def _as_set(given: list[Any], shown: list[Any], held: bool) -> bool:
-    """Whether `shown` is `given` sorted as `approved_form` sorts a set's items (by their JSON
-    text), or, where the input is known to hold a set (`held`), its items in any order: a set
-    is shown sorted as a result's set is, or in its own order where that is every process's
-    (`sets_sorted`)."""
-    try:
-        ordered = sorted(given, key=_json_text)
-        if held:
-            return same_json(ordered, sorted(shown, key=_json_text))
-    except (TypeError, ValueError):
-        return False
-    return ordered != given and same_json(ordered, shown)
-
-
-def _json_text(item: Any) -> str:
-    return json.dumps(item, sort_keys=True)
