@@ -19,7 +19,7 @@ from signoff._exceptions import (
     StoreError,
 )
 from signoff.stores._codec import pack_bytes
-from signoff.testing import call, call_tools, reply, scripted_agent
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
 from ._procs import query
 
@@ -423,3 +423,41 @@ async def test_an_event_field_of_the_wrong_type_is_named_before_anything_is_writ
     assert query(store_url, "SELECT status FROM {t}requests WHERE id = {p}", one.pending[0].id) == (
         requests
     )
+
+
+async def test_a_damaged_session_past_its_deadline_leaves_the_listing_of_the_others(
+    store_url: str,
+) -> None:
+    """A listing shows a session whose passed deadline no one recorded as recording would leave
+    it, reading its state: one whose log does not read back (a newer signoff's event type, a
+    hand edit) failed every caller's listing of sessions (`signoff sessions`, `GET /v1/sessions`,
+    `rt.sessions()`). It is listed as the store holds it, the others as before."""
+
+    @so.tool(approval=so.ApprovalSpec(request=so.always(), expires_in=60, on_timeout="deny"))
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        return f"refunded {order_id}"
+
+    steps = [call_tools(call("issue_refund", order_id="1")), reply("done")] * 2
+    clock = ManualClock(1_700_000_000.0)
+    agent = scripted_agent("support", steps, tools=[issue_refund])
+    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
+        one, two = await parked_pair(rt)
+    sid = one.session_id
+    edit(
+        store_url,
+        "UPDATE {t}events SET data = {p} WHERE sk = (SELECT sk FROM {t}sessions WHERE id = {p}) "
+        "AND seq = (SELECT head FROM {t}sessions WHERE id = {p})",
+        b"\x01not deflate",
+        sid,
+        sid,
+    )
+    clock.advance(61)
+    async with so.Runtime([agent], store=store_url, clock=clock) as fresh:
+        listed = {s.id: s.status for s in await fresh.sessions()}
+        assert listed == {
+            sid: "waiting",
+            two.session_id: "running",
+        }  # the other as deadlines leave it
+        with pytest.raises(so.StoreError):
+            await fresh.state(sid)
