@@ -153,6 +153,8 @@ async def test_a_cancel_records_an_approvals_passed_deadline_first(
         ]
         stored = await rt.store.get_request(rid)
         assert stored is not None and stored.status == status
+        # Escalated and withdrawn in the cancel's one commit: the row keeps both.
+        assert stored.request.escalated_to == ("finance" if on_timeout == "escalate" else None)
         assert ran == []
         assert (await rt.state(sid)).status == "cancelled"
 
@@ -214,3 +216,39 @@ async def test_a_cancel_records_a_subagents_passed_deadline_behind_a_mirror_firs
             assert stored is not None and stored.status == "expired"
         assert (await rt.state(mirror.child.session_id)).status == "cancelled"
         assert ran == []
+
+
+@pytest.mark.parametrize("on_timeout", ["deny", "approve"])
+async def test_a_cancel_closes_a_chain_of_mirrors_its_grandchilds_deadline_closed(
+    store_url: str, on_timeout: Literal["deny", "approve"]
+) -> None:
+    """`front` delegates to `support`, which delegates to `billing`: each mirror reads `expired`
+    (as the deadline closed billing's request), each turn is cancelled, the refund never ran.
+    Each session records it in its own cancel's one commit, the top one first."""
+    ran: list[str] = []
+    clock = ManualClock()
+    front = scripted_agent(
+        "front",
+        [call_tools(call("support", message="refund 9")), reply("all done")],
+        tools=[so.delegate("support")],
+    )
+    spec = so.always(expires_in=60, on_timeout=on_timeout)
+    async with so.Runtime([front, *refund_desk(spec, ran)], store=store_url, clock=clock) as rt:
+        waiting = await rt.generate("front", "refund 9", auth=ALICE)
+        clock.advance(61)
+        done = await rt.cancel(waiting.session_id, "never mind", principal=ALICE)
+        assert (done.status, done.cancelled) == ("cancelled", True)
+        (request,) = waiting.pending
+        sessions = [waiting.session_id]
+        while request.child is not None:
+            sessions.append(request.child.session_id)
+            stored = await rt.store.get_request(request.child.request_id)
+            assert stored is not None
+            request = stored.request
+        assert len(sessions) == 3
+        for sid in sessions:
+            assert (await rt.state(sid)).status == "cancelled"
+            [closed] = (await rt.state(sid)).requests.values()
+            assert closed.status == "expired", sid
+        assert ran == []
+        assert await rt.verify_audit() == []

@@ -12,8 +12,6 @@ from ._answers import checked_cancel
 from ._call_guards import closes_stop
 from ._cancel_batch import CancelBatch
 from ._cancellation import expiring, stop_calls
-from ._child_closes import record_behind_mirrors
-from ._deadlines import due_batch
 from ._deletion import Deletion
 from ._exceptions import RequestClosed, SessionBusy, SessionExpired, UnknownSession
 from ._mirrors import following_mirrors
@@ -48,7 +46,9 @@ class Cancelling(Deletion):
         that turn is cancelled: once another has started, the session is reported as it is,
         nothing cancelled (a cancel sent again, or from a page shown before, stops no later
         turn); the result's `cancelled` says whether this call cancelled the turn it reports.
-        Passed deadlines of the turn it cancels are recorded first: their requests read expired.
+        Passed deadlines of the turn it cancels (its subagents' behind its mirrors too) are
+        recorded with the cancel, in its commit: their requests read expired, and the turn one
+        resumed is never left runnable in between (the call it approved never runs).
         A session past its TTL raises `SessionExpired`, as every call does; one whose turn a
         live drive runs on past it (a tool slower than the TTL) is not idle, so not past it:
         that turn is cancelled."""
@@ -70,16 +70,6 @@ class Cancelling(Deletion):
                 return self._result(await load_turn(self.store, session_id, *began))
             if turn_id is not None and (turn is None or turn.id != turn_id):
                 return self._result(state)  # not (or no longer) the session's turn
-            if not expiry and due_batch(state, self.now()) is not None:
-                # Passed deadlines first, as any call records them: their requests read expired,
-                # not withdrawn, and the turn one resumed is cancelled. (Not where a TTL above
-                # ends the turn: that records what time did, and a deadline's record is activity.)
-                # Only where the session's agent is: else the cancel is refused (`UnknownAgent`)
-                # with nothing recorded, not a turn a deadline resumed left with no one to drive.
-                await self._checked(session_id, here=True)
-                continue  # decided again on the state that left
-            if not expiry and await record_behind_mirrors(self, state, drive=False):
-                continue  # its subagents' deadlines too: a mirror they closed reads expired
             if turn is None or turn_over(turn):
                 if turn is not None and turn.status == "cancelled":
                     # A cancel that died before reaching the turn's subagents: finish it.
@@ -95,7 +85,12 @@ class Cancelling(Deletion):
             # Children its calls created and did not journal (their process died in between):
             # the cancel owes and cancels them as it does the journaled ones.
             made = [c for c in _child_sessions.unjournaled(state) if await self.store.head(c)]
+            # Passed deadlines, as any call records them (their requests, and the mirrors of
+            # its subagents' they closed, read expired, not withdrawn), in the cancel's own
+            # commit: none before it leaves the turn a deadline resumed runnable, for a worker
+            # to claim or a crash to leave, and the call a deadline approved never runs.
             build = await CancelBatch.of(self, state, reason, by, made, expiry=expiry)
+            # Only where the session's agent is: else refused (`UnknownAgent`), nothing recorded.
             driver = self._driver(state, None)
             try:
                 recorded = await driver.record(build, durable=True)

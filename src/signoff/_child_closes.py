@@ -111,15 +111,16 @@ async def after_close(rt: Runtime, state: SessionState) -> None:
         await _go_on(rt, parent.id)
 
 
-async def record_behind_mirrors(rt: Answering, state: SessionState, *, drive: bool) -> bool:
+async def record_behind_mirrors(rt: Answering, state: SessionState) -> bool:
     """Record the passed deadlines and TTLs of the subagents the session's open mirrors stand
-    for (deepest first, where this runtime has their agents, as a listing does), and, if
-    `drive`, go on with the turns that left runnable (a listing drives them too: a call the
-    deadline approved runs); then close the mirrors of the requests that closed. Returns
-    whether the session changed. A call deciding on its turn (a send, a cancel) then finds it
-    as it would had a listing looked first: an approval a deadline closed holds the turn no
-    more. The session's own turn is left to that call, and so is a mirror whose request
-    closed unseen (an answer that call gives to it finds it closed) or one it cannot read."""
+    for (deepest first, where this runtime has their agents, as a listing does), and go on with
+    the turns that left runnable (a listing drives them too: a call the deadline approved
+    runs); then close the mirrors of the requests that closed. Returns whether the session
+    changed. A send deciding on its turn then finds it as it would had a listing looked first:
+    an approval a deadline closed holds the turn no more. The session's own turn is left to
+    that call, and so is a mirror whose request closed unseen (an answer that call gives to it
+    finds it closed) or one it cannot read. (A cancel records them in its own commit instead,
+    and its subagents' cancels in theirs: `_cancel_batch`.)"""
     turn = state.turn
     mirrors = [
         r
@@ -132,7 +133,7 @@ async def record_behind_mirrors(rt: Answering, state: SessionState, *, drive: bo
     seq = state.seq  # `state` may be the cached copy, which the appends below move on
     reset = delegating.set(delegating.get() | set(kids))  # their ends drive no parent
     try:
-        moved = [kid for kid in kids if await _record_below(rt, kid, drive=drive)]
+        moved = [kid for kid in kids if await _record_below(rt, kid)]
         for mirror in mirrors:
             if mirror.child is not None and mirror.child.session_id in moved:
                 await close_mirror(rt, state.id, mirror)
@@ -141,7 +142,7 @@ async def record_behind_mirrors(rt: Answering, state: SessionState, *, drive: bo
     return (await rt._state(state.id)).seq != seq
 
 
-async def _record_below(rt: Answering, child: str, *, drive: bool) -> bool:
+async def _record_below(rt: Answering, child: str) -> bool:
     """`record_behind_mirrors` for one subagent's session: whether this recorded anything."""
     try:
         kid = await rt._state(child)
@@ -152,9 +153,9 @@ async def _record_below(rt: Answering, child: str, *, drive: bool) -> bool:
     seq = kid.seq
     with contextlib.suppress(SessionExpired, UnknownSession, StoreError):
         applied: list[bool] = []
-        below = await record_behind_mirrors(rt, kid, drive=drive)
+        below = await record_behind_mirrors(rt, kid)
         kid = await rt._checked(child, applied=applied)
-        if drive and (applied or below) and runnable(kid):
+        if (applied or below) and runnable(kid):
             await rt._drive(child)
     try:
         return (await rt._state(child)).seq != seq

@@ -154,7 +154,7 @@ class Messages(Answering):
             self.agent(state.agent)
             # Its subagents' passed deadlines too, as its own: a mirror they closed holds the
             # turn no more, whoever looked first (a listing records and drives them as well).
-            if await record_behind_mirrors(self, state, drive=True):
+            if await record_behind_mirrors(self, state):
                 woke.append(True)
                 continue
             voted = await self._voted_behind(state, forms, principal)

@@ -52,6 +52,7 @@ __all__ = [
     "routed",
     "settle_routed",
     "stored_followed",
+    "timed_out_close",
 ]
 
 _P = ParamSpec("_P")
@@ -212,6 +213,22 @@ def _expired_close(mirror: InputRequest, ref: ChildRef) -> dict[str, Any]:
         "status": "expired",
         "child_request_id": ref.request_id,
         **_votes_of(mirror, None),
+    }
+
+
+def timed_out_close(
+    mirror: InputRequest, asked: InputRequest, resolution: dict[str, Any]
+) -> dict[str, Any]:
+    """What `close_mirror` records for `mirror` once time closed `asked`, the subagent's request
+    at the end of its way, as `expired` with `resolution` (a deadline's, a TTL's), before any
+    session down the way has recorded that: a cancel closes the mirror with it so."""
+    assert mirror.child is not None
+    return {
+        **resolution,
+        "request_id": mirror.id,
+        "status": "expired",
+        "child_request_id": mirror.child.request_id,
+        **_votes_of(asked, None),
     }
 
 
