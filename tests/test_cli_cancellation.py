@@ -16,6 +16,7 @@ import signoff as so
 from signoff.testing import ManualClock
 
 from ._cli import invoke, park, refused_usage, runtime_module, url
+from ._delegation import refund_desk
 from ._workers import refund_agent
 from .test_subagents_spend import orders, support, tokens
 
@@ -158,8 +159,8 @@ def test_only_the_cancel_that_recorded_it_says_it_cancelled() -> None:
     )
     # A turn that started between the read and the cancel, which this call cancelled.
     assert _told("ses_1", None, None, 0, mine) == "[green]cancelled[/] turn trn_1 of ses_1"
-    later = dataclasses.replace(mine, turn_id="trn_2")
-    assert _told("ses_1", None, before, 1, later) == "[green]cancelled[/] turn trn_2 of ses_1"
+    later = dataclasses.replace(mine, turn_id="trn_2")  # its own requests withdrawn: counted
+    assert _told("ses_1", None, before, 0, later) == "[green]cancelled[/] turn trn_2 of ses_1"
 
 
 def test_cancel_without_a_runtime_records_a_passed_deadline_first(url: str) -> None:
@@ -173,6 +174,9 @@ def test_cancel_without_a_runtime_records_a_passed_deadline_first(url: str) -> N
         assert r.status == "waiting"
     result = invoke("cancel", r.session_id, "--store", url)
     assert result.exit_code == 0 and "cancelled turn" in result.stdout, result.output
+    # It withdrew none: the deadline closed the request first. It said "1 open request(s)
+    # withdrawn", counting those open before the cancel.
+    assert "withdrawn" not in result.stdout, result.output
     with so.Runtime([], store=url) as rt:
         state = rt.state_sync(r.session_id)
         assert state.turn is not None and state.turn.status == "cancelled"
@@ -180,3 +184,21 @@ def test_cancel_without_a_runtime_records_a_passed_deadline_first(url: str) -> N
         types = [e.type for e in rt.events_sync(r.session_id)]
         assert types.index("approval.settled") < types.index("turn.cancelled")
         assert "tool.started" not in types and ran == []
+
+
+def test_cancel_after_a_subagents_deadline_says_it_withdrew_none(url: str) -> None:
+    """The mirror counted open before the cancel, which `state()` shows as it is until the
+    subagent's deadline is recorded: the cancel records that deadline first (the mirror reads
+    `expired`), so it withdrew none; it said "1 open request(s) withdrawn"."""
+    ran: list[str] = []
+    clock = ManualClock(time.time() - 3600)
+    spec = so.always(expires_in=60, on_timeout="deny")
+    with so.Runtime(refund_desk(spec, ran), store=url, clock=clock) as rt:
+        r = rt.generate_sync("support", "refund 9")
+        (mirror,) = r.pending
+    result = invoke("cancel", r.session_id, "--store", url)
+    assert result.exit_code == 0 and "cancelled turn" in result.stdout, result.output
+    assert "withdrawn" not in result.stdout, result.output
+    with so.Runtime([], store=url) as rt:
+        assert rt.state_sync(r.session_id).requests[mirror.id].status == "expired"
+    assert ran == []

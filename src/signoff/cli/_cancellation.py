@@ -101,27 +101,32 @@ async def _cancel(
     async with await store_runtime(target, store, bare=_Recorder) as runtime:
         state = await runtime.state(session_id)  # an unknown id: UnknownSession
         before = None if state.turn is None else (state.turn.id, state.turn.status)
-        open_before = len(state.pending_requests())
         result = await runtime.cancel(session_id, reason, principal=principal, turn_id=turn)
-    console.print(_told(session_id, turn, before, open_before, result))
+        # The requests the cancel withdrew, as recorded: not those open before it, of which a
+        # passed deadline it records first closes some (`expired`), behind a mirror too.
+        withdrawn = 0
+        if result.cancelled:
+            async for event in runtime.events(session_id, state.seq, follow=False):
+                cancels = event.type == "input.resolved" and event.turn_id == result.turn_id
+                withdrawn += cancels and event.data.get("outcome") == "cancelled"
+    console.print(_told(session_id, turn, before, withdrawn, result))
 
 
 def _told(
     session_id: str,
     turn: str | None,
     before: tuple[str, str] | None,
-    open_before: int,
+    withdrawn: int,
     result: GenerateResult,
 ) -> str:
-    """What the cancel did, in one line: `before` is the turn the session had (id, status)."""
+    """What the cancel did, in one line: `before` is the turn the session had (id, status),
+    `withdrawn` how many requests the cancel withdrew."""
     sid, tid = printable(session_id), printable(result.turn_id or "")
     # `cancelled`: this call recorded the cancel (one racing it may have, the state before
-    # read as either); the open requests counted before were withdrawn with it if that turn
-    # is the one cancelled (another may have started in between).
+    # read as either).
     if result.cancelled:
-        counted = before is not None and before[0] == result.turn_id and open_before
-        withdrawn = f"; {open_before} open request(s) withdrawn" if counted else ""
-        return f"[green]cancelled[/] turn {tid} of {sid}{withdrawn}"
+        said = f"; {withdrawn} open request(s) withdrawn" if withdrawn else ""
+        return f"[green]cancelled[/] turn {tid} of {sid}{said}"
     if turn is not None and result.turn_id != turn:
         now = f"its turn is {tid} ({result.status})" if result.turn_id else "it has no turn"
         return f"Turn {printable(turn)} is not the current turn of {sid}: {now}; nothing cancelled."
