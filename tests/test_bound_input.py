@@ -229,3 +229,24 @@ def test_a_list_in_another_order_still_does_not_bind() -> None:
     forged = forged.model_copy(update={"input": {"labels": ["b", "a"], "order": ["y"]}})
     validated = tag.validate({"labels": ["a", "b"], "order": ["y"]})
     assert not still_bound(forged, tag, validated)  # its hash is another form's
+
+
+def test_a_number_a_deploy_made_another_kind_of_does_not_bind_as_a_set_order_does() -> None:
+    """A deploy that makes a float parameter an int (or back): the form shows `5` where the
+    approval bound `5.0`, which its hash tells apart. The fallback that binds a set by its items
+    compared other values by number and bound it, no set anywhere: the call ran with input no
+    one saw. So it does not, at the top or inside a set."""
+
+    @so.tool(approval=so.always())
+    async def pay(amount: int, to: str) -> str:
+        """Pay."""
+        return to
+
+    @so.tool(approval=so.always())
+    async def tally(amounts: set[int]) -> str:
+        """Tally."""
+        return ""
+
+    assert not _bound(pay, {"amount": 5.0, "to": "bob"}, {"amount": 5, "to": "bob"})
+    assert not _bound(tally, {"amounts": [2.0, 1.0]}, {"amounts": [1, 2]})
+    assert _bound(tally, {"amounts": [2, 1]}, {"amounts": [1, 2]})  # a set's order, as before

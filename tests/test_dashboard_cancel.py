@@ -175,6 +175,18 @@ def test_a_failed_turn_a_retry_could_resume_is_offered_cancel_and_a_retry_reads_
             assert "data-session-status>failed<" in page and "Turn failed: " in page
             assert f'action="/_signoff/sessions/{sid}/cancel"' in page
             assert "This ends the failed turn, which a retry could still resume" in page
+            with _api(base) as api:  # another of the same kind, cancelled from its page
+                other = _start(base)["session_id"]
+                failed_too = so.Runtime([agent], store=store).generate_sync(session_id=other)
+                assert failed_too.status == "failed"
+                shown = alice.get(f"/_signoff/sessions/{other}").text
+                r = alice.post(
+                    f"/_signoff/sessions/{other}/cancel",
+                    data={"csrf": csrf_of(shown), "turn": _turn_of(shown)},
+                    headers=HTML,
+                )
+                assert r.status_code == 303
+                assert api.get(f"/v1/sessions/{other}").json()["status"] == "cancelled"
             retry = rt.generate_sync(session_id=sid)  # inline=False: recorded running, not driven
             assert retry.status == "running"
             page = alice.get(f"/_signoff/sessions/{sid}").text

@@ -425,8 +425,9 @@ async def test_an_event_field_of_the_wrong_type_is_named_before_anything_is_writ
     )
 
 
+@pytest.mark.parametrize("damaged", ["event", "request"])
 async def test_a_damaged_session_past_its_deadline_leaves_the_listing_of_the_others(
-    store_url: str,
+    store_url: str, damaged: str
 ) -> None:
     """A listing shows a session whose passed deadline no one recorded as recording would leave
     it, reading its state: one whose log does not read back (a newer signoff's event type, a
@@ -444,20 +445,23 @@ async def test_a_damaged_session_past_its_deadline_leaves_the_listing_of_the_oth
     async with so.Runtime([agent], store=store_url, clock=clock) as rt:
         one, two = await parked_pair(rt)
     sid = one.session_id
-    edit(
-        store_url,
-        "UPDATE {t}events SET data = {p} WHERE sk = (SELECT sk FROM {t}sessions WHERE id = {p}) "
-        "AND seq = (SELECT head FROM {t}sessions WHERE id = {p})",
-        b"\x01not deflate",
-        sid,
-        sid,
-    )
+    if damaged == "event":
+        edit(
+            store_url,
+            "UPDATE {t}events SET data = {p} WHERE sk = (SELECT sk FROM {t}sessions WHERE id = {p})"
+            " AND seq = (SELECT head FROM {t}sessions WHERE id = {p})",
+            b"\x01not deflate",
+            sid,
+            sid,
+        )
+    else:  # its request's row: every passed deadline is then unread, and shown as stored
+        rid = one.pending[0].id
+        edit(store_url, "UPDATE {t}requests SET data = {p} WHERE id = {p}", b"garbage", rid)
     clock.advance(61)
     async with so.Runtime([agent], store=store_url, clock=clock) as fresh:
         listed = {s.id: s.status for s in await fresh.sessions()}
-        assert listed == {
-            sid: "waiting",
-            two.session_id: "running",
-        }  # the other as deadlines leave it
-        with pytest.raises(so.StoreError):
-            await fresh.state(sid)
+        other = "running" if damaged == "event" else "waiting"  # as deadlines leave it
+        assert listed == {sid: "waiting", two.session_id: other}
+        if damaged == "event":
+            with pytest.raises(so.StoreError):
+                await fresh.state(sid)

@@ -17,7 +17,7 @@ from ._deadlines import (
     state_after_deadlines,
     summary_after_expiry,
 )
-from ._exceptions import StoreError, UnknownSession, UsageError
+from ._exceptions import StoreDamaged, StoreError, UnknownSession, UsageError
 from ._mirrors import followed, followed_state
 from ._text import is_utf8
 from ._types import InputRequest
@@ -196,8 +196,12 @@ async def freed_sessions(rt: Workers, agent: str | None, now: float) -> set[str]
     leave `running` (every open request closed: `on_timeout` deny or approve), as `rt.state`
     shows them: a read records none, so drives no turn. Read from the store's index of passed
     deadlines (none, mostly), and the state of each session found there."""
-    due = await _due(rt, agent, now)
-    shown = await followed(rt.store, due, now)  # a mirror's as its subagent's request stands
+    try:
+        due = await _due(rt, agent, now)
+        shown = await followed(rt.store, due, now)  # a mirror's as its subagent's request stands
+    except StoreDamaged as exc:  # a request row that does not read back: listed as stored
+        log.warning("sessions are listed as stored, passed deadlines unread: %s", exc)
+        return set()
     closes = [r for r in shown if r.status == "pending" and after_deadline(r, now) is None]
     closing = {r.session_id for r in closes}
     freed: set[str] = set()
