@@ -88,3 +88,9 @@ def test_a_hand_damaged_event_is_summarised_as_far_as_it_goes() -> None:
     asked = {"requests": [None, {"kind": "question"}, {"id": "req_2", "action": "x"}]}
     assert of("input.requested", asked) == "None (question), req_2 (None)"
     assert of("input.requested", {"requests": {"id": "req_3"}}) == ""
+    # a failure whose error is no object: its text is the value itself (AttributeError before)
+    assert of("turn.failed", {"error": "model unavailable"}) == "model unavailable"
+    assert of("turn.failed", {"error": ["boom"], "retryable": True}) == "['boom'] (retryable)"
+    assert of("turn.failed", {"error": 7}) == "7"
+    assert of("turn.failed", {"error": None}) == "unknown error"
+    assert of("turn.failed", {"error": {"code": "max_steps"}}) == "max_steps"

@@ -492,7 +492,11 @@ def clip(text: str, width: int = 100) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def error_text(error: dict[str, Any] | None) -> str:
+def error_text(error: object) -> str:
+    """A failure's text: its error object's message or code, or, in a hand-damaged log, whatever
+    the value is (a bare string, a list), so one such event cannot end a listing."""
     if not error:
         return "unknown error"
-    return str(error.get("message") or error.get("code") or error)
+    if isinstance(error, dict):
+        return str(error.get("message") or error.get("code") or error)
+    return str(error)
