@@ -441,6 +441,24 @@ def test_which_sets_iterate_alike_in_every_process() -> None:
     assert all(_seeded(s) for s in varying + [{float("nan")}])
 
 
+@pytest.mark.parametrize("version", [(3, 11, 7), (3, 12, 0), (3, 13, 1)])
+def test_a_set_holding_none_is_sorted_on_every_python(
+    version: tuple[int, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """None's hash was its address before Python 3.12 and is fixed since: a set holding it was
+    sorted on 3.11 and shown in its own order on 3.12, so one input had two forms by version.
+    It is sorted on every version (the module loaded afresh as each version would load it)."""
+    import importlib.util
+
+    monkeypatch.setattr(sys, "version_info", version)
+    spec = importlib.util.find_spec("signoff._input_sets")
+    assert spec is not None and spec.loader is not None
+    fresh = importlib.util.module_from_spec(spec)  # not registered: signoff keeps its own
+    spec.loader.exec_module(fresh)
+    assert fresh._seeded({None}) and fresh._seeded({8, None, 1})
+    assert fresh._seeded({(1, None)}) and not fresh._seeded({8, 1})
+
+
 def test_an_approval_asked_before_under_a_pinned_seed_binds_now(tmp_path: Path) -> None:
     """A deploy that pins PYTHONHASHSEED: the older signoff showed a set of text a validator made
     (or a serializer wrote) in its own order, the same in each of its processes, so approvals

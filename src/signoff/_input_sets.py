@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from decimal import Decimal
 from fractions import Fraction
 from typing import Any
@@ -78,9 +77,8 @@ _FIXED_HASH: tuple[Any, ...] = tuple(
     kind.__hash__ for kind in (int, float, complex, Decimal, Fraction, UUID)
 )
 """Hashes that are a function of the value alone, the same in every process (`bool`'s and an
-`IntEnum`'s are `int`'s)."""
-if sys.version_info >= (3, 12):  # None's hash was its address before
-    _FIXED_HASH += (type(None).__hash__,)
+`IntEnum`'s are `int`'s). Not None's: its hash was its address before Python 3.12, and a form
+must not depend on the Python version, so a set holding None is sorted on every version."""
 
 _OF_ITEMS = (tuple.__hash__, frozenset.__hash__)
 """Hashes that are their items' (a `NamedTuple`'s too)."""
