@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import pytest
-from pydantic import AfterValidator, BaseModel, ConfigDict, Strict, ValidationError, ValidationInfo
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+    ValidationInfo,
+)
 
 import signoff as so
 from signoff.testing import Capture, call_tools, reply, scripted_agent, sqlite_runtime, tool_results
@@ -177,3 +185,42 @@ def test_input_both_modes_refuse_is_told_as_python_tells_it() -> None:
     with pytest.raises(ValidationError) as raised:
         refund.validate({"r": {**GOOD, "amount": "5"}})
     assert [e["loc"] for e in raised.value.errors()] == [("r", "amount")]
+
+
+def test_input_a_lax_tool_refuses_is_validated_once() -> None:
+    """Refused as Python, a lax tool's input was validated again as JSON, which takes nothing
+    Python refuses: its validators ran twice (an audit one recorded the call twice)."""
+    seen: list[str] = []
+
+    def audit(value: str) -> str:
+        seen.append(value)
+        return value
+
+    def refund(order_id: Annotated[str, AfterValidator(audit)], amount: int) -> str:
+        """Refund."""
+        return order_id
+
+    tool = so.tool(refund)
+    tool.validate({"order_id": "A1", "amount": 5})
+    assert seen == ["A1"]
+    seen.clear()
+    with pytest.raises(ValidationError) as raised:
+        tool.validate({"order_id": "A1", "amount": "lots"})
+    assert seen == ["A1"]  # once, not twice
+    assert [e["type"] for e in raised.value.errors()] == ["int_parsing"]
+
+
+def test_json_schema_extra_strict_asks_no_strictness() -> None:
+    """A field's `json_schema_extra={"strict": True}`, text for the JSON schema alone, made a
+    tool count as strict: its input validated again as JSON, its JSON error told."""
+    from signoff._input_schema import asks_strict
+
+    class Note(BaseModel):
+        n: int = Field(json_schema_extra={"strict": True})
+
+    def note(note: Note) -> str:
+        """Note."""
+        return ""
+
+    assert not asks_strict(so.tool(note).input_model.__pydantic_core_schema__)
+    assert asks_strict(Refund.__pydantic_core_schema__)  # a strict one still is

@@ -41,7 +41,8 @@ def give_arrays_items(schema: Any) -> None:
 def asks_strict(schema: Any) -> bool:
     """Whether a core schema asks for strict validation anywhere (`ConfigDict(strict=True)`,
     `Strict()`, `Field(strict=True)`): such a model refuses from Python what JSON gives it.
-    Walked without recursion, each container once."""
+    Walked without recursion, each container once; not into `metadata`, where a field's
+    `json_schema_extra={"strict": True}` (text for the JSON schema alone) sits."""
     seen: set[int] = set()
     stack: list[Any] = [schema]
     while stack:
@@ -52,7 +53,7 @@ def asks_strict(schema: Any) -> bool:
         if isinstance(item, dict):
             if item.get("strict") is True:
                 return True
-            stack.extend(item.values())
+            stack.extend(v for k, v in item.items() if k != "metadata")
         else:
             stack.extend(item)
     return False

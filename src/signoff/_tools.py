@@ -290,10 +290,13 @@ class Tool:
 def _validated(model: type[BaseModel], raw: dict[str, Any], strict: bool) -> BaseModel:
     """`raw` (a model's arguments, a reviewer's edit, a form: JSON each) validated as Python, as
     a tool's input always was, so a lax tool gets what it got (`str | UUID` the text sent, a
-    validator's `info.mode` "python"); if that fails, as the JSON it is, which a strict model
-    (`strict` True) takes and Python refuses: a date, UUID or enum's value as text, a tuple as
-    an array. When both fail the Python error is raised, what the model was told before; for a
-    strict model the JSON one, as its Python error names fields sent right ("an instance of")."""
+    validator's `info.mode` "python"). A strict model (`strict` True) that refuses it is tried
+    as the JSON it is, which it takes and Python refuses (a date, UUID or enum's value as text,
+    a tuple as an array); when both fail, the JSON error is raised, as its Python error names
+    fields sent right ("an instance of"). A lax model is not tried again: JSON gives it nothing
+    Python refuses, and its validators ran twice on input it refused."""
+    if not strict:
+        return model.model_validate(raw)
     try:
         return model.model_validate(raw)
     except ValidationError as as_python:
@@ -306,7 +309,7 @@ def _validated(model: type[BaseModel], raw: dict[str, Any], strict: bool) -> Bas
     except ValidationError as as_json:
         # A huge integer JSON does not read back is `json_invalid`: no error of the input.
         unread = [(e["type"], e["loc"]) for e in as_json.errors()] == [("json_invalid", ())]
-        if strict and not unread:
+        if not unread:
             failed = as_json
     raise failed
 
