@@ -224,3 +224,31 @@ def test_json_schema_extra_strict_asks_no_strictness() -> None:
 
     assert not asks_strict(so.tool(note).input_model.__pydantic_core_schema__)
     assert asks_strict(Refund.__pydantic_core_schema__)  # a strict one still is
+
+
+def test_a_default_holding_strict_is_no_strictness_and_instance_of_takes_json() -> None:
+    """A default value `{"strict": True}` (data, not a schema) made a tool count as strict. And
+    `InstanceOf[...]` takes only an instance from Python but builds one from JSON: a lax model
+    holding one was validated as Python alone, refusing the object its schema asks the model
+    for ("an instance of Point")."""
+    from datetime import date
+
+    from pydantic import InstanceOf
+
+    from signoff._input_schema import asks_strict
+
+    class Odd(BaseModel):
+        n: dict[str, bool] = Field(default={"strict": True})
+
+    assert not asks_strict(Odd.__pydantic_core_schema__)
+
+    class Point(BaseModel):
+        x: int
+
+    def place(p: InstanceOf[Point], on: InstanceOf[date]) -> str:
+        """Place."""
+        return ""
+
+    made = so.tool(place)
+    got = made.validate({"p": {"x": 1}, "on": "2024-01-02"})
+    assert (got.p, got.on) == (Point(x=1), date(2024, 1, 2))  # type: ignore[attr-defined]

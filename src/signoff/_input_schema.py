@@ -39,24 +39,31 @@ def give_arrays_items(schema: Any) -> None:
 
 
 def asks_strict(schema: Any) -> bool:
-    """Whether a core schema asks for strict validation anywhere (`ConfigDict(strict=True)`,
-    `Strict()`, `Field(strict=True)`): such a model refuses from Python what JSON gives it.
-    Walked without recursion, each container once; not into `metadata`, where a field's
-    `json_schema_extra={"strict": True}` (text for the JSON schema alone) sits."""
+    """Whether a core schema may refuse from Python what JSON gives it: strict validation
+    anywhere (`ConfigDict(strict=True)`, `Strict()`, `Field(strict=True)`), or a type that takes
+    only instances from Python and builds one from JSON (`InstanceOf[...]`, a custom type's
+    `json_or_python_schema`). Read on schema nodes and configs only, not in values a schema holds
+    (a field's default, `json_schema_extra` in `metadata`). Walked without recursion, each
+    container once."""
     seen: set[int] = set()
-    stack: list[Any] = [schema]
+    stack: list[tuple[Any, str]] = [(schema, "")]
     while stack:
-        item = stack.pop()
+        item, key = stack.pop()
         if not isinstance(item, dict | list | tuple) or id(item) in seen:
             continue
         seen.add(id(item))
         if isinstance(item, dict):
-            if item.get("strict") is True:
+            node = "type" in item or key == "config"
+            if node and (item.get("strict") is True or item.get("type") == "json-or-python"):
                 return True
-            stack.extend(v for k, v in item.items() if k != "metadata")
+            stack.extend((v, k) for k, v in item.items() if k not in _VALUES)
         else:
-            stack.extend(item)
+            stack.extend((v, key) for v in item)
     return False
+
+
+# Keys of a core schema's nodes that hold values, not schemas: a `{"strict": True}` there is data.
+_VALUES = frozenset({"metadata", "default", "expected", "members", "cls", "examples"})
 
 
 def check_async_functions(model: type[BaseModel], name: str) -> None:

@@ -292,9 +292,11 @@ def _validated(model: type[BaseModel], raw: dict[str, Any], strict: bool) -> Bas
     a tool's input always was, so a lax tool gets what it got (`str | UUID` the text sent, a
     validator's `info.mode` "python"). A strict model (`strict` True) that refuses it is tried
     as the JSON it is, which it takes and Python refuses (a date, UUID or enum's value as text,
-    a tuple as an array); when both fail, the JSON error is raised, as its Python error names
-    fields sent right ("an instance of"). A lax model is not tried again: JSON gives it nothing
-    Python refuses, and its validators ran twice on input it refused."""
+    a tuple as an array), as is one whose type takes only instances from Python and builds one
+    from JSON (`InstanceOf[...]`: `asks_strict` says both); when both fail, the JSON error is
+    raised, as its Python error names fields sent right ("an instance of"). Any other model is
+    not tried again: JSON gives it nothing Python refuses, and its validators ran twice on input
+    it refused."""
     if not strict:
         return model.model_validate(raw)
     try:
