@@ -396,3 +396,34 @@ async def test_a_message_sent_while_an_inline_retry_asks_the_model_steers_it(
             "turn.completed",
             "session.waiting",
         ]
+
+
+@pytest.mark.parametrize(
+    ("sender", "policy"),
+    [(ALICE, "queue"), (BOB, "steer")],
+    ids=["queue", "someone else's"],
+)
+async def test_a_message_after_a_cancelled_inline_retry_drives_the_turn_it_left(
+    store_url: str, sender: so.Principal, policy: Literal["steer", "queue"]
+) -> None:
+    """An inline retry cancelled midway leaves the turn `running` for the next call to drive: a
+    `queue` message (or someone else's) only queued behind it, and the session stayed
+    `running` with nothing driving it. The send drives the turn, then the message's own."""
+    model = _HeldRetry()
+    async with so.Runtime([so.Agent(name="desk", model=model)], store=store_url) as rt:
+        r = await rt.generate("desk", "my balance?", auth=ALICE)
+        retry = asyncio.create_task(rt.generate(session_id=r.session_id))
+        await asyncio.wait_for(model.asked.wait(), timeout=10)
+        retry.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await retry
+        assert (await rt.state(r.session_id)).status == "running"
+        sent = await asyncio.wait_for(
+            rt.send(r.session_id, "and last month?", principal=sender, turn_policy=policy), 10
+        )
+        assert (sent.status, sent.queued) == ("completed", False)
+        assert sent.turn_id != r.turn_id
+        state = await rt.state(r.session_id)
+        assert (state.status, state.queued) == ("idle", [])
+        assert len(model.conversations) == 4  # the failed call, the cancelled one, two turns
+        assert texts(model.conversations[-1])[-1] == ("user", "and last month?")

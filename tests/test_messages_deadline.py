@@ -238,3 +238,71 @@ async def test_a_runtime_without_the_agent_refuses_the_message_recording_no_dead
         with pytest.raises(so.UnknownAgent):
             await bare.send(sid, "parcel?", principal=ALICE, turn_policy="queue")
         assert await bare.store.head(sid) == seq
+
+
+def ttl_desk(*steps: Any) -> list[so.Agent]:
+    """`support` delegates refunding order 9 to `billing`, whose session's TTL is 60 s and whose
+    refund waits on an approval with no deadline; `support` then takes `steps`."""
+
+    @so.tool(approval=so.always())
+    def refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    billing = scripted_agent(
+        "billing",
+        [call_tools(call("refund", order_id="9")), reply("Refunded.")],
+        tools=[refund],
+        limits=so.Limits(ttl=60),
+    )
+    support = scripted_agent(
+        "support",
+        [call_tools(call("billing", message="refund 9")), *steps],
+        tools=[so.delegate("billing")],
+    )
+    return [support, billing]
+
+
+@pytest.mark.parametrize(
+    ("sender", "policy"),
+    [(ALICE, "queue"), (BOB, "steer")],
+    ids=["queue", "someone else's"],
+)
+async def test_a_message_after_a_read_recorded_a_subagents_ttl_drives_the_turn_it_left(
+    store_url: str, sender: so.Principal, policy: Literal["steer", "queue"]
+) -> None:
+    """A read (`rt.state`, as `GET /v1/sessions/{id}` and the dashboard make) recorded the
+    subagent's passed TTL, closing the mirror, and left the parent's turn runnable with no one
+    driving it: the message then only queued, the session `running` for good. The send drives
+    that turn on, then the message's own, which it returns."""
+    clock = ManualClock()
+    agents = ttl_desk(reply("Billing gave up."), reply("On its way."))
+    async with so.Runtime(agents, store=store_url, clock=clock) as rt:
+        waiting = await rt.generate("support", "refund 9", auth=ALICE)
+        sid = waiting.session_id
+        clock.advance(61)
+        assert (await rt.state(sid)).status == "running"  # recorded, not driven
+        r = await rt.send(sid, "parcel?", principal=sender, turn_policy=policy)
+        assert (r.status, r.text, r.queued) == ("completed", "On its way.", False)
+        state = await rt.state(sid)
+        assert state.status == "idle" and state.queued == []
+        assert await started(rt, sid) == [("refund 9", "alice"), ("parcel?", sender.principal_id)]
+
+
+async def test_without_inline_the_turn_a_read_left_runnable_is_left_to_the_workers(
+    store_url: str,
+) -> None:
+    clock = ManualClock()
+    agents = ttl_desk(reply("Billing gave up."), reply("On its way."))
+    async with so.Runtime(agents, store=store_url, clock=clock) as rt:
+        waiting = await rt.generate("support", "refund 9", auth=ALICE)
+    sid = waiting.session_id
+    async with so.Runtime(agents, store=store_url, clock=clock, inline=False) as client:
+        clock.advance(61)
+        await client.state(sid)
+        r = await client.send(sid, "parcel?", principal=ALICE, turn_policy="queue")
+        assert (r.status, r.queued, r.turn_id) == ("running", True, waiting.turn_id)
+        assert [m for m, _ in await started(client, sid)] == ["refund 9"]
+        async with working(client):
+            await until(lambda: _idle(client, sid))
+        assert [m for m, _ in await started(client, sid)] == ["refund 9", "parcel?"]

@@ -87,8 +87,8 @@ class Messages(Answering):
         message; with `queue` it waits for the end of the turn, unless the turn is held on an
         approval. An approval whose deadline (or a subagent's, behind a mirror) closed it before
         the message came holds nothing: the turn that deadline resumed is driven on (by this
-        call, if it recorded the deadline), with a `queue` message (or someone else's) behind
-        it, a `steer` one read in it.
+        call, inline, unless a live drive holds it), with a `queue` message (or someone else's)
+        behind it, a `steer` one read in it.
         A message from someone other than the person the turn serves waits for the turn's end.
         A turn that failed in a way a retry can resume has not ended: such a message, and a
         `queue` one, waits for the retry to finish it (or a cancel); only a `steer` message from
@@ -293,10 +293,10 @@ class Messages(Answering):
                     self._cache.pop(session_id, None)
                     raise
                 self._remember(driver.state)
-                if woke and runnable(driver.state):
-                    # A passed deadline this call recorded closed the approval before the
-                    # message came, and made the turn runnable: the call drives it on, as an
-                    # answer would, and the message waits behind it.
+                if runnable(driver.state) and (woke or await self._undriven(session_id)):
+                    # A passed deadline (this call's record, or an earlier read's) closed the
+                    # approval, or a cancelled drive left the turn: the call drives it on, as
+                    # an answer would, and the message waits behind it.
                     return await self._drive_after(session_id, message, principal, idem)
                 return dataclasses.replace(self._result(driver.state), queued=True)
             try:

@@ -143,6 +143,22 @@ class Runtime(Cancelling):
     async def _retry_refused(self, session_id: str) -> bool:
         return await _child_sessions.orphaned_retry(self, session_id)
 
+    async def _undriven(self, session_id: str) -> bool:
+        if not await super()._undriven(session_id):
+            return False
+        # Nor a subagent's turn whose delegate call its parent's live drive runs: that call
+        # drives it (a drive of the parent resumed later takes the result of one driven here).
+        state = await self._state(session_id)
+        if state.parent is None:
+            return True
+        try:
+            parent = await self._state(state.parent)
+        except UnknownSession:
+            return True
+        return session_id not in _child_sessions.delegated(parent) or not await self._busy(
+            parent.id
+        )
+
     async def _orphaned(self, state: SessionState) -> bool:
         # A child its parent's cancel missed (that process died): no answer is applied to it.
         return await _child_sessions.cancel_orphan(self, state)

@@ -90,6 +90,12 @@ class SessionRunner(TurnLeases):
         for no retry, and starts the next turn."""
         return False
 
+    async def _undriven(self, session_id: str) -> bool:
+        """Whether a call of this runtime is to drive the session's runnable turn itself: it is
+        inline, no worker's sweep runs it (`to_claims`), and no live drive holds the turn, here
+        or in another process (one whose lease the call's own commit was granted is its own)."""
+        return self.inline and not to_claims.get() and not await self._busy(session_id)
+
     async def _start_turn(
         self,
         session_id: str,
