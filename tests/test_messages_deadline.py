@@ -306,3 +306,60 @@ async def test_without_inline_the_turn_a_read_left_runnable_is_left_to_the_worke
         async with working(client):
             await until(lambda: _idle(client, sid))
         assert [m for m, _ in await started(client, sid)] == ["refund 9", "parcel?"]
+
+
+@pytest.mark.parametrize("kind", ["deadline", "ttl"])
+async def test_a_prompt_after_a_subagents_deadline_starts_behind_the_turn_it_resumed(
+    store_url: str, kind: str
+) -> None:
+    """`generate(session_id=..., prompt=...)` records the subagent's passed deadline (or TTL)
+    behind the mirror first, as `send` does: it raised `PartialAnswer` on the mirror unless a
+    listing had looked first."""
+    ran: list[str] = []
+    clock = ManualClock()
+    steps = (reply("Done."), reply("On its way."))
+    agents = refund_desk(ran, "approve", *steps) if kind == "deadline" else ttl_desk(*steps)
+    async with so.Runtime(agents, store=store_url, clock=clock) as rt:
+        waiting = await rt.generate("support", "refund 9", auth=ALICE)
+        sid, (mirror,) = waiting.session_id, waiting.pending
+        clock.advance(61)
+        r = await rt.generate(session_id=sid, prompt="parcel?", auth=ALICE)
+        assert (r.status, r.text) == ("completed", "On its way.")
+        assert ran == (["9"] if kind == "deadline" else [])
+        assert [m for m, _ in await started(rt, sid)] == ["refund 9", "parcel?"]
+        stored = await rt.store.get_request(mirror.id)
+        assert stored is not None and stored.status == "expired"
+
+
+@pytest.mark.parametrize("how", ["queue", "steer", "prompt"])
+@pytest.mark.parametrize("kind", ["deadline", "ttl"])
+async def test_a_runtime_without_the_subagents_agent_refuses_a_message_past_its_deadline(
+    store_url: str, kind: str, how: str
+) -> None:
+    """A process of `support` only (`billing` runs elsewhere): the message is `UnknownAgent`
+    naming `billing`, nothing recorded, as for a deadline of the session's own. It had taken
+    the mirror as open: a `queue` message steered past it, withdrawing the approval the
+    deadline approved (the refund never ran). The process with `billing` then goes on."""
+    ran: list[str] = []
+    clock = ManualClock()
+    steps = (reply("Done."), reply("On its way."))
+    agents = refund_desk(ran, "approve", *steps) if kind == "deadline" else ttl_desk(*steps)
+    async with so.Runtime(agents, store=store_url, clock=clock) as rt:
+        waiting = await rt.generate("support", "refund 9", auth=ALICE)
+    sid, (mirror,) = waiting.session_id, waiting.pending
+    assert mirror.child is not None
+    sids = (sid, mirror.child.session_id)
+    clock.advance(61)
+    async with so.Runtime(agents[:1], store=store_url, clock=clock) as support:
+        heads = [await support.store.head(s) for s in sids]
+        with pytest.raises(so.UnknownAgent, match="unknown agent 'billing'"):
+            if how == "prompt":
+                await support.generate(session_id=sid, prompt="parcel?", auth=ALICE)
+            else:
+                policy: Literal["steer", "queue"] = "queue" if how == "queue" else "steer"
+                await support.send(sid, "parcel?", principal=ALICE, turn_policy=policy)
+        assert [await support.store.head(s) for s in sids] == heads
+    async with so.Runtime(agents, store=store_url, clock=clock) as rt:
+        r = await rt.send(sid, "parcel?", principal=ALICE, turn_policy="queue")
+        assert (r.status, r.text) == ("completed", "On its way.")
+        assert ran == (["9"] if kind == "deadline" else [])

@@ -16,8 +16,9 @@ from ._answers import resolution as _resolution
 from ._answers import settlement_events as _settlement_events
 from ._call_guards import closes_stop
 from ._candidates import already_counted
+from ._child_closes import open_mirrors, record_behind_mirrors
 from ._counts import counted_answers, refused_only, settled_before_raising
-from ._deadlines import due_batch, in_time
+from ._deadlines import due_batch, expiry_specs, in_time
 from ._edit_checks import EditChecks, bills
 from ._eligibility import (
     authorize,
@@ -35,7 +36,9 @@ from ._exceptions import (
     SessionExpired,
     StaleAnswer,
     StoreError,
+    UnknownAgent,
     UnknownRequest,
+    UnknownSession,
 )
 from ._idempotency import Keyed, key_fields
 from ._key_commits import unclaimed
@@ -121,6 +124,44 @@ class Answering(EditChecks):
         if judged and self._nothing_to_drive(judged[0], retry=retry):
             return self._result(judged[0], outcomes)
         return await self._drive(session_id, outcomes=outcomes, retry=retry, answered=answered)
+
+    async def _behind_mirrors(self, state: SessionState) -> bool:
+        # A message's or prompt's: refused first, nothing recorded, where a passed deadline or
+        # TTL due below is for another process to record (`_refuse_unrecordable`).
+        await self._refuse_unrecordable(state, None, {state.id})
+        return await record_behind_mirrors(self, state)
+
+    async def _refuse_unrecordable(
+        self, state: SessionState, lacking: tuple[str, str] | None, seen: set[str]
+    ) -> None:
+        """`UnknownAgent` if a subagent below the session's open mirrors has a passed deadline
+        or TTL to record and this runtime lacks its agent, or the agent of a subagent in between
+        (`lacking`: that agent and its session), which goes on once it is recorded: only a
+        process with it can. Taking the mirror as open, a message would steer past a call the
+        deadline approved (or queue behind an approval no longer there), and a prompt be
+        refused as waiting on it; refused instead, as a deadline of the session's own is
+        (`_checked(here=True)`). It only reads."""
+        now = self.now()
+        for mirror in open_mirrors(state):
+            if mirror.child is None or mirror.child.session_id in seen:
+                continue
+            seen.add(mirror.child.session_id)
+            try:
+                kid = await self._state(mirror.child.session_id)
+            except (UnknownSession, StoreError):
+                continue  # gone, or unreadable: left as `record_behind_mirrors` leaves it
+            missing = lacking or (None if kid.agent in self.agents else (kid.agent, kid.id))
+            due = due_batch(kid, now) is not None or (
+                bool(expiry_specs(kid)) and await self._ended(kid, now) is not None
+            )
+            if missing is not None and due:
+                raise UnknownAgent(
+                    f"unknown agent {missing[0]!r}: a passed deadline or TTL in (or below) its "
+                    f"subagent session {missing[1]!r} is for a process with that agent to "
+                    "record and go on from; this runtime has: "
+                    f"{', '.join(self.agents) or 'none'}"
+                )
+            await self._refuse_unrecordable(kid, missing, seen)
 
     async def _refused_idle(
         self, session_id: str, outcomes: Sequence[Outcome], *, retry: bool = False

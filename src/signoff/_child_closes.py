@@ -14,6 +14,7 @@ from ._exceptions import SessionExpired, StoreError, UnknownSession
 from ._mirrors import close_mirror
 from ._recording import runnable
 from ._state import SessionState
+from ._types import InputRequest
 
 if TYPE_CHECKING:
     from ._answering import Answering
@@ -24,6 +25,7 @@ __all__ = [
     "after_drive",
     "before_drive",
     "delegating",
+    "open_mirrors",
     "parents_to_claims",
     "record_behind_mirrors",
 ]
@@ -116,17 +118,12 @@ async def record_behind_mirrors(rt: Answering, state: SessionState) -> bool:
     for (deepest first, where this runtime has their agents, as a listing does), and go on with
     the turns that left runnable (a listing drives them too: a call the deadline approved
     runs); then close the mirrors of the requests that closed. Returns whether the session
-    changed. A send deciding on its turn then finds it as it would had a listing looked first:
+    changed. A send or prompt deciding on its turn finds it as it would had a listing looked:
     an approval a deadline closed holds the turn no more. The session's own turn is left to
     that call, and so is a mirror whose request closed unseen (an answer that call gives to it
     finds it closed) or one it cannot read. (A cancel records them in its own commit instead,
     and its subagents' cancels in theirs: `_cancel_batch`.)"""
-    turn = state.turn
-    mirrors = [
-        r
-        for r in state.pending_requests()
-        if r.child is not None and turn is not None and r.turn_id == turn.id
-    ]
+    mirrors = open_mirrors(state)
     kids = list(dict.fromkeys(r.child.session_id for r in mirrors if r.child is not None))
     if not kids:
         return False
@@ -149,7 +146,7 @@ async def _record_below(rt: Answering, child: str) -> bool:
     except (UnknownSession, StoreError):
         return False  # gone, or unreadable: the caller goes on as it would have
     if kid.agent not in rt.agents:
-        return False  # left to a process that has it, which can go on with its turn
+        return False  # left to a process that has it (a message refuses first: `Answering`)
     seq = kid.seq
     with contextlib.suppress(SessionExpired, UnknownSession, StoreError):
         applied: list[bool] = []
@@ -161,6 +158,16 @@ async def _record_below(rt: Answering, child: str) -> bool:
         return (await rt._state(child)).seq != seq
     except (UnknownSession, StoreError):
         return False
+
+
+def open_mirrors(state: SessionState) -> list[InputRequest]:
+    """The session's current turn's open mirrors."""
+    turn = state.turn
+    return [
+        r
+        for r in state.pending_requests()
+        if r.child is not None and turn is not None and r.turn_id == turn.id
+    ]
 
 
 def _mirrors(parent: SessionState, child: str) -> list[Any]:

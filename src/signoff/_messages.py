@@ -14,7 +14,6 @@ from ._answers import match as _match
 from ._call_guards import closes_stop
 from ._cancellation import stop_calls
 from ._candidates import RECOVERY_GRACE
-from ._child_closes import record_behind_mirrors
 from ._counts import refused_only
 from ._dropped_keys import queued_here, sent_before, still_queued
 from ._eligibility import check_policy_present
@@ -88,7 +87,8 @@ class Messages(Answering):
         approval. An approval whose deadline (or a subagent's, behind a mirror) closed it before
         the message came holds nothing: the turn that deadline resumed is driven on (by this
         call, inline, unless a live drive holds it), with a `queue` message (or someone else's)
-        behind it, a `steer` one read in it.
+        behind it, a `steer` one read in it; a subagent's this runtime lacks the agent to record
+        is `UnknownAgent`, nothing recorded.
         A message from someone other than the person the turn serves waits for the turn's end.
         A turn that failed in a way a retry can resume has not ended: such a message, and a
         `queue` one, waits for the retry to finish it (or a cancel); only a `steer` message from
@@ -153,8 +153,9 @@ class Messages(Answering):
             # refused first, nothing stored (an answer to a mirror too: see `_settle`).
             self.agent(state.agent)
             # Its subagents' passed deadlines too, as its own: a mirror they closed holds the
-            # turn no more, whoever looked first (a listing records and drives them as well).
-            if await record_behind_mirrors(self, state):
+            # turn no more, whoever looked first (a listing records and drives them as well);
+            # refused as for its own (`UnknownAgent`) where this runtime lacks their agent.
+            if await self._behind_mirrors(state):
                 woke.append(True)
                 continue
             voted = await self._voted_behind(state, forms, principal)

@@ -90,6 +90,12 @@ class SessionRunner(TurnLeases):
         for no retry, and starts the next turn."""
         return False
 
+    async def _behind_mirrors(self, state: SessionState) -> bool:
+        """Record the passed deadlines and TTLs behind the session's open mirrors, going on with
+        the subagents' turns they resumed, and close those mirrors; whether the session changed
+        (`Answering` does: `record_behind_mirrors`). A bare runner knows no subagents."""
+        return False
+
     async def _undriven(self, session_id: str) -> bool:
         """Whether a call of this runtime is to drive the session's runnable turn itself: it is
         inline, no worker's sweep runs it (`to_claims`), and no live drive holds the turn, here
@@ -134,6 +140,12 @@ class SessionRunner(TurnLeases):
             # may both start it: one does, and the other, reading a turn, starts none after it.
             if delegated and state.turn is not None:
                 return False
+            # Its subagents' passed deadlines and TTLs, as `send` records them: a mirror they
+            # closed holds the turn no more, whoever looked first (the turn they resumed is
+            # finished below, then this prompt's starts).
+            if await self._behind_mirrors(state):
+                fresh = True
+                continue
             pending = state.pending_requests()
             unfinished = _unfinished(state)
             # Created and not yet started by an older signoff's delegate call (two writes): a
