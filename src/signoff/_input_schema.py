@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from ._core_schema import schema_nodes
 from ._exceptions import UsageError
 from ._sync import is_async
 
@@ -45,20 +46,10 @@ def asks_strict(schema: Any) -> bool:
     `json_or_python_schema`). Read on schema nodes and configs only, not in values a schema holds
     (a field's default, `json_schema_extra` in `metadata`). Walked without recursion, each
     container once."""
-    seen: set[int] = set()
-    stack: list[tuple[Any, str]] = [(schema, "")]
-    while stack:
-        item, key = stack.pop()
-        if not isinstance(item, dict | list | tuple) or id(item) in seen:
-            continue
-        seen.add(id(item))
-        if isinstance(item, dict):
-            node = "type" in item or key == "config"
-            if node and (item.get("strict") is True or item.get("type") == "json-or-python"):
-                return True
-            stack.extend((v, k) for k, v in item.items() if k not in _VALUES)
-        else:
-            stack.extend((v, key) for v in item)
+    for item, key in schema_nodes(schema, _VALUES):
+        node = "type" in item or key == "config"
+        if node and (item.get("strict") is True or item.get("type") == "json-or-python"):
+            return True
     return False
 
 
@@ -70,23 +61,11 @@ def check_async_functions(model: type[BaseModel], name: str) -> None:
     """Refuse an async validator (or serializer) anywhere in the input's schema: pydantic calls
     it without awaiting, and its coroutine became the value, so the check never ran and the body
     got a coroutine for its argument (or, to be approved, the input could not be shown)."""
-    found: list[Any] = []
-    seen: set[int] = set()  # each container once: a default inside itself looped for ever
-    stack: list[Any] = [model.__pydantic_core_schema__]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict | list | tuple):
-            if id(item) in seen:
-                continue
-            seen.add(id(item))
-        if isinstance(item, dict):
-            for key, value in item.items():
-                if key == "function" and callable(value):
-                    found.append(value)
-                else:
-                    stack.append(value)
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
+    found = [
+        item["function"]
+        for item, _ in schema_nodes(model.__pydantic_core_schema__)
+        if callable(item.get("function"))
+    ]
     for fn in found:
         if is_async(fn):
             shown = getattr(fn, "__qualname__", None) or repr(fn)
@@ -107,30 +86,19 @@ def check_shown_fields(model: type[BaseModel], name: str) -> None:
     (`exclude=True`, `exclude_if`): a reviewer approving a call would not see the value the
     model gave it, which the tool gets; or named there other than the model reads it
     (`_check_names`). Its core schema is walked, each container once."""
-    seen: set[int] = set()
-    stack: list[tuple[Any, Any]] = [(model.__pydantic_core_schema__, None)]
-    while stack:
-        item, key = stack.pop()
-        if not isinstance(item, dict | list | tuple) or id(item) in seen:
-            continue
-        seen.add(id(item))
-        if isinstance(item, dict):
-            if item.get("type") in _FIELDS and (
-                item.get("serialization_exclude") or item.get("serialization_exclude_if")
-            ):
-                field = item.get("name", key)
-                raise UsageError(
-                    f"tool {name!r}: field {field!r} is excluded from the input's JSON form "
-                    "(exclude=True or exclude_if), which a reviewer approves, yet the tool "
-                    "would get it: drop the exclusion, or take the value other than from the "
-                    "model"
-                )
-            if item.get("type") in _FIELDS:
-                _check_names(item, item.get("name", key), name)
-            parts = [(value, k) for k, value in item.items() if k not in _NOT_INPUT]
-            stack.extend(reversed(parts))  # in order
-        else:
-            stack.extend(reversed([(value, None) for value in item]))
+    for item, key in schema_nodes(model.__pydantic_core_schema__, _NOT_INPUT):
+        if item.get("type") in _FIELDS and (
+            item.get("serialization_exclude") or item.get("serialization_exclude_if")
+        ):
+            field = item.get("name", key)
+            raise UsageError(
+                f"tool {name!r}: field {field!r} is excluded from the input's JSON form "
+                "(exclude=True or exclude_if), which a reviewer approves, yet the tool "
+                "would get it: drop the exclusion, or take the value other than from the "
+                "model"
+            )
+        if item.get("type") in _FIELDS:
+            _check_names(item, item.get("name", key), name)
 
 
 def _check_names(field: dict[str, Any], key: Any, name: str) -> None:

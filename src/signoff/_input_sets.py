@@ -14,6 +14,7 @@ from uuid import UUID
 from pydantic import BaseModel, RootModel
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
+from ._core_schema import schema_nodes
 from ._json_keys import in_order
 from ._types import same_json
 
@@ -205,24 +206,13 @@ def may_hold_sets(schema: Any) -> bool:
     model's own `__init__` or `model_post_init`, a default that holds one. JSON alone, which is
     all a tool is given, makes none where none of these is: no set to look for, each call.
     Walked without recursion, each container once."""
-    seen: set[int] = set()
-    stack: list[Any] = [schema]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict | list | tuple):
-            if id(item) in seen:
-                continue
-            seen.add(id(item))
-        if isinstance(item, dict):
-            if item.get("type") in ("set", "frozenset") or item.get("custom_init"):
-                return True
-            if item.get("post_init") or _holds_set(item.get("default")):
-                return True
-            if any(_made_by_code(item.get(key)) for key in _MADE_BY_CODE):
-                return True
-            stack.extend(item.values())
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
+    for item, _ in schema_nodes(schema):
+        if item.get("type") in ("set", "frozenset") or item.get("custom_init"):
+            return True
+        if item.get("post_init") or _holds_set(item.get("default")):
+            return True
+        if any(_made_by_code(item.get(key)) for key in _MADE_BY_CODE):
+            return True
     return False
 
 
