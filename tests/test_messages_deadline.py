@@ -363,3 +363,33 @@ async def test_a_runtime_without_the_subagents_agent_refuses_a_message_past_its_
         r = await rt.send(sid, "parcel?", principal=ALICE, turn_policy="queue")
         assert (r.status, r.text) == ("completed", "On its way.")
         assert ran == (["9"] if kind == "deadline" else [])
+
+
+async def test_a_subagents_deadline_that_only_escalates_refuses_no_message_elsewhere(
+    store_url: str,
+) -> None:
+    """A subagent's deadline that escalates its request leaves it open (and the mirror), as
+    before the deadline: a process without the subagent's agent takes a steering message as it
+    did before it passed, where it was refused with `UnknownAgent` until the subagent's process
+    recorded the escalation."""
+
+    @so.tool(approval=so.always(expires_in=60, on_timeout="escalate", escalate_to="managers"))
+    def refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    billing = scripted_agent(
+        "billing", [call_tools(call("refund", order_id="9")), reply("Refunded.")], tools=[refund]
+    )
+    support = scripted_agent(
+        "support",
+        [call_tools(call("billing", message="refund 9")), reply("Done.")],
+        tools=[so.delegate("billing")],
+    )
+    clock = ManualClock()
+    async with so.Runtime([support, billing], store=store_url, clock=clock) as rt:
+        waiting = await rt.generate("support", "refund 9", auth=ALICE)
+    clock.advance(61)
+    async with so.Runtime([support], store=store_url, clock=clock) as alone:
+        r = await alone.send(waiting.session_id, "parcel?", principal=ALICE, turn_policy="steer")
+        assert (r.status, r.text, r.queued) == ("completed", "Done.", False)

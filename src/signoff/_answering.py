@@ -18,7 +18,7 @@ from ._call_guards import closes_stop
 from ._candidates import already_counted
 from ._child_closes import open_mirrors, record_behind_mirrors
 from ._counts import counted_answers, refused_only, settled_before_raising
-from ._deadlines import due_batch, expiry_specs, in_time
+from ._deadlines import after_deadline, due_batch, expiry_specs, in_time, is_due
 from ._edit_checks import EditChecks, bills
 from ._eligibility import (
     authorize,
@@ -151,9 +151,12 @@ class Answering(EditChecks):
             except (UnknownSession, StoreError):
                 continue  # gone, or unreadable: left as `record_behind_mirrors` leaves it
             missing = lacking or (None if kid.agent in self.agents else (kid.agent, kid.id))
-            due = due_batch(kid, now) is not None or (
-                bool(expiry_specs(kid)) and await self._ended(kid, now) is not None
+            # A deadline that closes a request (deny, approve), not one that only escalates it:
+            # that leaves it open, the mirror too, as before the deadline.
+            closes = any(
+                is_due(r, now) and after_deadline(r, now) is None for r in kid.pending_requests()
             )
+            due = closes or (bool(expiry_specs(kid)) and await self._ended(kid, now) is not None)
             if missing is not None and due:
                 raise UnknownAgent(
                     f"unknown agent {missing[0]!r}: a passed deadline or TTL in (or below) its "

@@ -153,7 +153,7 @@ class Runtime(Cancelling):
             return True
         try:
             parent = await self._state(state.parent)
-        except UnknownSession:
+        except (UnknownSession, StoreError):  # the message is kept: driven here, not refused
             return True
         return session_id not in _child_sessions.delegated(parent) or not await self._busy(
             parent.id
