@@ -57,17 +57,21 @@ async def test_cancelling_a_running_turn_no_drive_holds_starts_the_queued_messag
     store_url: str,
 ) -> None:
     """Alice's turn runs, but its drive was stopped (its caller gave up on it): nothing holds
-    the turn. Bob's message waits behind it; Alice cancels the turn, and Bob's message starts."""
+    the turn. Bob's message waits behind it (sent through a process that leaves turns to
+    workers: an inline one's send drives the turn on itself); Alice cancels the turn, and Bob's
+    message starts."""
     entered = asyncio.Event()
     bob_turn = Capture(reply("Hi Bob."))
-    async with so.Runtime([_crawl_agent(bob_turn, entered)], store=store_url) as rt:
+    agent = _crawl_agent(bob_turn, entered)
+    async with so.Runtime([agent], store=store_url) as rt:
         sid = await rt.create_session("bot", auth=ALICE)
         drive = asyncio.create_task(rt.generate(session_id=sid, prompt="crawl", auth=ALICE))
         await asyncio.wait_for(entered.wait(), timeout=10)
         drive.cancel()
         await asyncio.wait({drive})
         assert (await rt.state(sid)).status == "running"
-        b = await rt.send(sid, "bob here", principal=BOB)
+        async with so.Runtime([agent], store=store_url, inline=False) as queuing:
+            b = await queuing.send(sid, "bob here", principal=BOB)
         assert b.queued and b.status == "running"
         c = await rt.cancel(sid)
         assert c.status == "cancelled"
