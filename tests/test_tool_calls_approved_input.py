@@ -5,9 +5,6 @@ validated it when it was proposed, whatever the tool's parameter types do to a v
 from __future__ import annotations
 
 import itertools
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -17,7 +14,7 @@ from pydantic import AfterValidator, BaseModel, Field, SecretStr
 import signoff as so
 from signoff.testing import Capture, call_tools, reply, scripted_agent, sqlite_runtime, tool_results
 
-from ._cli import ROOT
+from ._approved_elsewhere import approved_elsewhere
 
 ALICE = so.Principal(authenticator="test", principal_id="alice")
 _COUNTER = itertools.count()  # module level: tool hints are resolved in the module
@@ -445,28 +442,6 @@ async def label(labels: set[str]) -> str:
 
 
 LABELS = ["red", "green", "blue", "amber", "teal", "plum"]
-_ASK_OR_APPROVE = """
-import asyncio, sys
-import signoff as so
-from signoff.testing import call_tools, reply, scripted_agent
-from tests.test_tool_calls_approved_input import ALICE, LABELS, label
-
-async def main(url, session_id="", request_id=""):
-    proposal = call_tools(so.ToolCall(id="c1", name="label", input={"labels": LABELS}))
-    agent = scripted_agent("a", [proposal, reply("ok")], tools=[label])
-    async with so.Runtime([agent], store=url) as rt:
-        if not request_id:
-            r = await rt.generate("a", prompt="go", auth=ALICE)
-            print(r.session_id, r.pending[0].id)
-            return
-        approve = so.Decision(id=request_id, approved=True)
-        await rt.generate(session_id=session_id, approvals=[approve], auth=ALICE)
-        events = [e async for e in rt.events(session_id, follow=False)]
-        [done] = [e.data for e in events if e.type == "tool.completed"]
-        print(done["status"], done["result"])
-
-asyncio.run(main(*sys.argv[1:]))
-"""
 
 
 def test_an_approved_call_with_a_set_runs_in_another_process(tmp_path: Path) -> None:
@@ -474,13 +449,5 @@ def test_an_approved_call_with_a_set_runs_in_another_process(tmp_path: Path) -> 
     of a set of strings is another in each process (hash randomization), so an approval
     answered in another process (a worker, a server restarted since) never ran."""
     url = f"sqlite:///{tmp_path}/state.db"
-
-    def run(seed: str, *args: str) -> str:
-        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}
-        code = [sys.executable, "-c", _ASK_OR_APPROVE, url, *args]
-        done = subprocess.run(code, env=env, cwd=ROOT, capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr
-        return done.stdout.strip()
-
-    session_id, request_id = run("1").split()
-    assert run("2", session_id, request_id) == "ok " + ",".join(sorted(LABELS))
+    ran = approved_elsewhere(url, __name__, "label", {"labels": LABELS}, seeds=("1", "2"))
+    assert ran == "ok " + ",".join(sorted(LABELS))

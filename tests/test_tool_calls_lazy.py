@@ -8,9 +8,6 @@ approval of such a call could never be asked. So too an iterator a validator mak
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any
@@ -32,7 +29,7 @@ from signoff.testing import (
     tool_results,
 )
 
-from ._cli import ROOT
+from ._approved_elsewhere import approved_elsewhere
 from ._tracing import _by_name, exporter, provider
 
 __all__ = ["exporter", "provider"]  # the fixtures, used by name
@@ -394,42 +391,10 @@ async def refund_batch(amounts: Iterable[float]) -> dict[str, Any]:
     return {"refunded": list(amounts)}
 
 
-_ASK_OR_APPROVE = """
-import asyncio, sys
-import signoff as so
-from signoff.testing import call_tools, reply, scripted_agent
-from tests.test_tool_calls_lazy import ALICE, AMOUNTS, refund_batch
-
-async def main(url, session_id="", request_id=""):
-    proposal = call_tools(so.ToolCall(id="c1", name="refund_batch", input={"amounts": AMOUNTS}))
-    agent = scripted_agent("a", [proposal, reply("ok")], tools=[refund_batch])
-    async with so.Runtime([agent], store=url) as rt:
-        if not request_id:
-            r = await rt.generate("a", prompt="go", auth=ALICE)
-            print(r.session_id, r.pending[0].id)
-            return
-        approve = so.Decision(id=request_id, approved=True)
-        await rt.generate(session_id=session_id, approvals=[approve], auth=ALICE)
-        events = [e async for e in rt.events(session_id, follow=False)]
-        [done] = [e.data for e in events if e.type == "tool.completed"]
-        print(done["status"], done["result"])
-
-asyncio.run(main(*sys.argv[1:]))
-"""
-
-
 def test_an_approved_lazy_call_runs_whole_in_another_process(tmp_path: Path) -> None:
     """Resumed by another process (a worker, a server restarted since), the approved call is
     validated again from the log, checked against its approval and run on validations of
     their own: the check used up what the body got."""
     url = f"sqlite:///{tmp_path}/state.db"
-
-    def run(*args: str) -> str:
-        env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}
-        code = [sys.executable, "-c", _ASK_OR_APPROVE, url, *args]
-        done = subprocess.run(code, env=env, cwd=ROOT, capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr
-        return done.stdout.strip()
-
-    session_id, request_id = run().split()
-    assert run(session_id, request_id) == "ok {'refunded': [10.0, 20.0, 30.0]}"
+    ran = approved_elsewhere(url, __name__, "refund_batch", {"amounts": AMOUNTS})
+    assert ran == "ok {'refunded': [10.0, 20.0, 30.0]}"
