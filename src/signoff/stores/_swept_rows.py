@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._exceptions import StoreError
-from ._base import SessionSummary, session_summary
+from ._session_rows import SessionSummary, session_summary
 
 __all__ = ["DamagedSession", "Swept", "readable_sessions", "swept_summary"]
 

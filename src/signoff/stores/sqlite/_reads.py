@@ -19,10 +19,7 @@ from .._base import (
     RequestRow,
     SessionSummary,
     StoredRequest,
-    check_listing,
     lapsed_ancestors_sql,
-    session_expiry,
-    session_summary,
 )
 from .._codec import (
     CHAIN_MAX,
@@ -37,6 +34,7 @@ from .._codec import (
 from .._initiators import InitiatorFilter, checked_filter
 from .._pending import listing_order
 from .._request_rows import REQUEST_ROW_COLUMNS, request_row, stored_request, stored_resolution
+from .._session_rows import check_listing, session_expiry, session_summary
 from .._shown import check_shown
 from .._swept_rows import DamagedSession, swept_summary
 from ._audit_reads import AuditReads
