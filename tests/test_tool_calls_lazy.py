@@ -12,12 +12,15 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any
 
+import pydantic
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from pydantic import AfterValidator, BaseModel, Field, PlainSerializer
+from pydantic import AfterValidator, BaseModel, Field, PlainSerializer, model_validator
 
 import signoff as so
+import signoff._tools
+from signoff._tool_json import holds_iterator
 from signoff.models import ModelRequest
 from signoff.testing import (
     Capture,
@@ -398,3 +401,123 @@ def test_an_approved_lazy_call_runs_whole_in_another_process(tmp_path: Path) -> 
     url = f"sqlite:///{tmp_path}/state.db"
     ran = approved_elsewhere(url, __name__, "refund_batch", {"amounts": AMOUNTS})
     assert ran == "ok {'refunded': [10.0, 20.0, 30.0]}"
+
+
+class _Counter(BaseModel):
+    """A model that is an iterator itself: validation makes one with no validator."""
+
+    left: int = 2
+
+    def __iter__(self) -> _Counter:  # type: ignore[override]
+        return self
+
+    def __next__(self) -> int:
+        if self.left <= 0:
+            raise StopIteration
+        self.left -= 1
+        return self.left
+
+
+class _MadeAfter(BaseModel):
+    amounts: list[float]
+    lazy: Any = None
+
+    @model_validator(mode="after")
+    def _lazy(self) -> _MadeAfter:
+        self.lazy = iter(self.amounts)
+        return self
+
+
+class _PostInit(BaseModel):
+    amounts: list[float]
+    lazy: Any = None
+
+    def model_post_init(self, context: Any, /) -> None:
+        self.lazy = iter(self.amounts)
+
+
+@pydantic.dataclasses.dataclass
+class _DataPostInit:
+    amounts: list[float]
+    lazy: Any = None
+
+    def __post_init__(self) -> None:
+        self.lazy = iter(self.amounts)
+
+
+def _factory(x: Annotated[Any, Field(default_factory=lambda: iter(AMOUNTS))]) -> None:
+    """Take x."""
+
+
+def _validator(x: MadeIterator) -> None:
+    """Take x."""
+
+
+def _after(x: _MadeAfter) -> None:
+    """Take x."""
+
+
+def _post_init(x: _PostInit) -> None:
+    """Take x."""
+
+
+def _data_post_init(x: _DataPostInit) -> None:
+    """Take x."""
+
+
+def _iterator_model(x: _Counter) -> None:
+    """Take x."""
+
+
+_MAKERS: dict[str, tuple[Any, dict[str, Any]]] = {
+    "default_factory": (_factory, {}),
+    "validator": (_validator, {"x": AMOUNTS}),
+    "model_validator": (_after, {"x": {"amounts": AMOUNTS}}),
+    "model_post_init": (_post_init, {"x": {"amounts": AMOUNTS}}),
+    "dataclass_post_init": (_data_post_init, {"x": {"amounts": AMOUNTS}}),
+    "iterator_model": (_iterator_model, {"x": {}}),
+}
+
+
+class _Row(BaseModel):
+    path: Path
+    secret: pydantic.SecretStr
+    amounts: list[float] = Field(default_factory=list)
+
+
+def _plain(rows: list[_Row], note: str = "") -> None:
+    """Take rows."""
+
+
+@pytest.mark.parametrize("maker", sorted(_MAKERS))
+def test_each_way_code_makes_an_iterator_is_told_from_the_value(maker: str) -> None:
+    """Only a tool whose input may hold an iterator JSON alone does not make (a validator's,
+    a factory's, a model's own `model_post_init`, a model that is an iterator) is walked for
+    one at each call (`Tool.holds_lazy`); each of those ways is found, none declared lazy."""
+    fn, raw = _MAKERS[maker]
+    tool = so.tool(fn)
+    assert not tool.lazy
+    assert tool.holds_lazy(tool.validate(raw))
+
+
+def test_a_tool_no_code_can_give_an_iterator_is_not_walked_for_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tool with no `Iterable`, no code of its own and only pydantic's own validators
+    (`SecretStr`, `Path`) cannot get an iterator from JSON: its input is not walked at each
+    call (a walk read every item of a 50,000-row input, several times a call)."""
+    tool, made = so.tool(_plain), refunds(so.always(), [], made=True)
+    raw = {"rows": [{"path": "/tmp/a", "secret": "s", "amounts": AMOUNTS}]}
+    assert not tool.holds_lazy(tool.validate(raw))  # each tool's schema is looked at once
+    assert made.holds_lazy(made.validate({"amounts": AMOUNTS}))
+    walked: list[Any] = []
+
+    def counted(value: Any) -> bool:
+        walked.append(value)
+        return holds_iterator(value)
+
+    monkeypatch.setattr(signoff._tools, "holds_iterator", counted)
+    assert not tool.holds_lazy(tool.validate(raw))
+    assert walked == []
+    assert made.holds_lazy(made.validate({"amounts": AMOUNTS}))
+    assert len(walked) == 1

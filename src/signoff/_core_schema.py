@@ -3,10 +3,10 @@ default that holds itself, or a schema nested as deep as a model may be, ends no
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
-__all__ = ["schema_nodes"]
+__all__ = ["may_make", "schema_nodes"]
 
 
 def schema_nodes(schema: Any, skip: Collection[str] = ()) -> Iterator[tuple[dict[str, Any], Any]]:
@@ -24,3 +24,35 @@ def schema_nodes(schema: Any, skip: Collection[str] = ()) -> Iterator[tuple[dict
             stack.extend(reversed([(v, k) for k, v in item.items() if k not in skip]))
         else:
             stack.extend(reversed([(v, None) for v in item]))
+
+
+_MADE_BY_CODE = ("function", "default_factory")
+"""Keys of a core schema whose callable makes a value: a validator, a serializer, a factory."""
+
+
+def may_make(schema: Any, kinds: Collection[str], held: Callable[[Any], bool]) -> bool:
+    """Whether input a core schema validates may hold a value of a schema type in `kinds` (a
+    `set`, a `generator`), whatever the JSON schema says: one of those, a validator's or
+    factory's value (`AfterValidator(set)`), a model's own `__init__` or `model_post_init`, a
+    default `held` finds one in. JSON alone, which is all a tool is given, makes none where
+    none of these is: nothing to look for, each call."""
+    for item, _ in schema_nodes(schema):
+        if item.get("type") in kinds or item.get("custom_init") or item.get("post_init"):
+            return True
+        if held(item.get("default")) or any(_made_by_code(item.get(k)) for k in _MADE_BY_CODE):
+            return True
+    return False
+
+
+_EMPTY_MAKERS = frozenset({list, dict, tuple, str, bytes, int, float, bool})
+"""Factories that make an empty or plain value, holding nothing code made."""
+
+
+def _made_by_code(fn: Any) -> bool:
+    """Whether `fn` is code that may make any value: any but pydantic's own (a `SecretStr`'s, a
+    `Path`'s, a URL's validator, which make their own types), so a tool taking one of those
+    is not walked at each call; nor an empty container's (`default_factory=list`)."""
+    if not callable(fn) or fn in _EMPTY_MAKERS:
+        return False
+    module = getattr(fn, "__module__", None)
+    return not (isinstance(module, str) and module.split(".")[0] in ("pydantic", "pydantic_core"))

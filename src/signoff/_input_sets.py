@@ -14,7 +14,7 @@ from uuid import UUID
 from pydantic import BaseModel, RootModel
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
-from ._core_schema import schema_nodes
+from ._core_schema import may_make
 from ._json_keys import in_order
 from ._types import same_json
 
@@ -196,34 +196,10 @@ def json_key(key: Any) -> str | None:
     return plain if isinstance(plain, str) else json.dumps(plain)
 
 
-_MADE_BY_CODE = ("function", "default_factory")
-"""Keys of a core schema whose callable makes a value: a validator, a serializer, a factory."""
-
-
 def may_hold_sets(schema: Any) -> bool:
     """Whether input a core schema validates may hold a set (or frozenset), whatever the JSON
-    schema says: a `set` field, a validator's or factory's value (`AfterValidator(set)`), a
-    model's own `__init__` or `model_post_init`, a default that holds one. JSON alone, which is
-    all a tool is given, makes none where none of these is: no set to look for, each call.
-    Walked without recursion, each container once."""
-    for item, _ in schema_nodes(schema):
-        if item.get("type") in ("set", "frozenset") or item.get("custom_init"):
-            return True
-        if item.get("post_init") or _holds_set(item.get("default")):
-            return True
-        if any(_made_by_code(item.get(key)) for key in _MADE_BY_CODE):
-            return True
-    return False
-
-
-def _made_by_code(fn: Any) -> bool:
-    """Whether `fn` is code that may make a set: any but pydantic's own (a `SecretStr`'s, a
-    `Path`'s, a URL's validator, which make their own types), so a tool taking one of those
-    is not walked for sets at each call."""
-    if not callable(fn):
-        return False
-    module = getattr(fn, "__module__", None)
-    return not (isinstance(module, str) and module.split(".")[0] in ("pydantic", "pydantic_core"))
+    schema says (`may_make`): a tool whose input cannot is not walked for sets at each call."""
+    return may_make(schema, ("set", "frozenset"), _holds_set)
 
 
 def _holds_set(value: Any) -> bool:

@@ -8,13 +8,14 @@ import inspect
 import json
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Literal, TypeAlias, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, PydanticUserError, ValidationError, create_model
 from pydantic_core import PydanticSerializationError, to_json
 
 from ._approval import ApprovalArg, ApprovalPolicy, as_policy
+from ._core_schema import may_make, schema_nodes
 from ._exceptions import UsageError
 from ._input_schema import (
     asks_strict,
@@ -139,6 +140,7 @@ class Tool:
         self._sets: tuple[bool, bool] | None = None  # whether its schema declares a set, and
         # whether its validated input may hold one (`may_hold_sets`)
         self._lazy: bool | None = None
+        self._iterating: bool | None = None  # whether code may put an iterator in its input
         # Whether its model asks for strictness (which error to tell of input both modes refuse).
         self._strict = asks_strict(self.input_model.__pydantic_core_schema__)
         # A workflow tool may ask people things; approvals of its siblings wait for it.
@@ -248,7 +250,11 @@ class Tool:
         an `Iterable[...]` parameter's (`lazy`), or one a validator made (`AfterValidator(iter)`),
         which the declared types do not tell. Each reader of such an input gets its own
         validation of it (`own_input`)."""
-        return self.lazy or holds_iterator(validated)
+        if self.lazy:
+            return True
+        if self._iterating is None:
+            self._iterating = _may_iterate(self.input_model.__pydantic_core_schema__)
+        return self._iterating and holds_iterator(validated)
 
     def shown_form(self, validated: BaseModel) -> dict[str, Any]:
         """`approved_form`, for a reviewer: it must validate again to `validated` (a secret's
@@ -526,6 +532,17 @@ def tool(
         # Its options too: they were dropped, so `tool(fn, approval=always)` ran unapproved.
         return wrap(fn)
     return wrap
+
+
+def _may_iterate(schema: Any) -> bool:
+    """Whether input a core schema validates may hold an iterator (`may_make`; a model or
+    dataclass that is one): a tool whose input cannot is not walked for one at each call."""
+    if may_make(schema, ("generator",), holds_iterator):
+        return True
+    return any(
+        isinstance(cls := node.get("cls"), type) and issubclass(cls, Iterator)
+        for node, _ in schema_nodes(schema)
+    )
 
 
 def _generates(schema: Any) -> bool:
