@@ -14,6 +14,7 @@ import pytest
 
 import signoff as so
 from signoff._model_step import ModelStep
+from signoff.testing import Capture, reply, scripted_agent
 
 from ._replaced import ALICE, assert_only_the_new_turn, assert_told_cancelled, replace_turn
 from .fakes.llm import API_KEY, FakeLLM, openai_completion, openai_tool_call
@@ -475,3 +476,29 @@ async def test_max_calls_per_response_is_at_most_what_one_answer_call_settles(
         r = await rt.generate(session_id=r.session_id, approvals=approvals, auth=ALICE)
         assert (r.status, r.text) == ("completed", "all done")
     assert len(ran) == 1000
+
+
+async def test_a_window_past_any_log_reads_the_whole_conversation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`max_messages=sys.maxsize` (no window, as `max_tokens` says of itself): a session loaded
+    from a snapshot in another runtime read its window with a bound no store takes, and every
+    drive of it raised a bare OverflowError, its session left `running`."""
+    import sys
+
+    import signoff._recording
+
+    monkeypatch.setattr(signoff._recording, "SNAPSHOT_EVERY", 1)
+    seen = Capture(reply("two"))
+
+    def agent() -> so.Agent:
+        return scripted_agent("a", [reply("one"), seen], limits=so.Limits(max_messages=sys.maxsize))
+
+    url = f"sqlite:///{tmp_path}/s.db"
+    async with so.Runtime([agent()], store=url) as rt:
+        first = await rt.generate("a", prompt="go")
+    async with so.Runtime([agent()], store=url) as rt:
+        again = await rt.generate(session_id=first.session_id, prompt="again")
+        assert (again.status, again.text) == ("completed", "two")
+        assert (await rt.state(first.session_id)).status == "idle"
+    assert [getattr(m, "text", None) for m in seen.last] == ["go", "one", "again"]

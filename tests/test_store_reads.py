@@ -83,3 +83,27 @@ async def test_a_session_listing_of_the_wrong_kind_is_refused_alike_by_either_st
                 await store.count_sessions(**counted)  # type: ignore[arg-type]
     assert [s.id for s in await store.sessions(agent="a", limit=5)] == ["ses_listed"]
     assert await store.count_sessions(agent="a") == 1
+
+
+@pytest.mark.parametrize(
+    ("bound", "value"),
+    [
+        ("newest", 2**63),
+        ("limit", 2**64),
+        ("max_bytes", -1),
+        ("after", 2**63),
+        ("newest", True),
+        ("limit", 1.5),
+    ],
+)
+async def test_a_read_bound_no_store_takes_is_refused_alike(
+    store: Store, bound: str, value: object
+) -> None:
+    """A read's bounds are whole numbers of 64 bits on either store, else `UsageError`: past
+    that SQLite raised a bare OverflowError and PostgreSQL an SQL error blamed on the store."""
+    sid = "ses_bounds"
+    event = so.Event(session_id=sid, seq=1, type="session.created", at=1.0, data={})
+    await store.create_session(sid, "a", [event], None)
+    with pytest.raises(so.UsageError, match=bound):
+        await store.read_events(sid, **{bound: value})  # type: ignore[arg-type]
+    assert [e.seq for e in await store.read_events(sid, newest=2**63 - 1)] == [1]

@@ -43,6 +43,10 @@ from .models._base import reply_to
 
 __all__ = ["ModelStep"]
 
+_WINDOW_MOST = 2**60
+"""The largest `max_messages` read as a window of the newest events (a read of twice as many):
+anything larger reaches past any log, and the whole conversation is read instead."""
+
 
 class ModelStep(DriverPart):
     """Calling the model for a turn: a part of `Driver`, mixed into it."""
@@ -64,7 +68,7 @@ class ModelStep(DriverPart):
         message events only: loading a long session then costs the window, not the history.
         None when the window may reach further back (the caller reads everything)."""
         limit = self.agent.limits.max_messages
-        if limit is None:
+        if limit is None or limit > _WINDOW_MOST:  # a window no log reaches: read it all
             return None
         want = 2 * limit + 8
         s = self.state

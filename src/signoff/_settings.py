@@ -7,7 +7,16 @@ import math
 
 from ._exceptions import SignoffError, UsageError
 
-__all__ = ["check_page", "finite", "flag", "positive_seconds", "seconds", "shown_value", "whole"]
+__all__ = [
+    "check_page",
+    "check_read",
+    "finite",
+    "flag",
+    "positive_seconds",
+    "seconds",
+    "shown_value",
+    "whole",
+]
 
 
 def finite(value: object) -> bool:
@@ -85,6 +94,15 @@ def whole(
         f"{name} must be a whole number {allowed}, not "
         f"{shown if shown is not None else shown_value(value)}"
     )
+
+
+def check_read(after: object, limit: object, newest: object, max_bytes: object) -> None:
+    """An event read's bounds, whole numbers every store takes alike (a signed 64-bit integer),
+    else `UsageError`: past it SQLite raised a bare OverflowError, PostgreSQL an SQL error."""
+    whole("after", after, least=-(2**63), most=2**63 - 1)
+    for name, value in (("limit", limit), ("newest", newest), ("max_bytes", max_bytes)):
+        if value is not None:
+            whole(name, value, least=0, most=2**63 - 1)
 
 
 def flag(name: str, value: object) -> bool:

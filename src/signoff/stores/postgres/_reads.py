@@ -9,6 +9,7 @@ from typing import Any
 
 from ..._events import Event, event_of_row
 from ..._exceptions import StoreDamaged, StoreError, UnknownSession
+from ..._settings import check_read
 from ..._types import InputRequest
 from .._base import (
     Loaded,
@@ -95,6 +96,8 @@ class Reads(AuditReads):
         max_bytes: int | None = None,
         shown: Event | None = None,
     ) -> list[Event]:
+        check_read(after, limit, newest, max_bytes)
+
         async def body(conn: Conn) -> list[Event]:
             if not storable(session_id):
                 raise UnknownSession(session_id)

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..._events import Event, event_of_row
 from ..._exceptions import StoreDamaged, UnknownSession
+from ..._settings import check_read
 from ..._types import InputRequest
 from .._base import (
     Loaded,
@@ -90,6 +91,7 @@ class Reads(AuditReads):
         max_bytes: int | None = None,
         shown: Event | None = None,
     ) -> list[Event]:
+        check_read(after, limit, newest, max_bytes)
         if shown is None:
             sk = self._session_key(session_id)
             if sk is None:
