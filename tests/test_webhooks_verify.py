@@ -198,3 +198,22 @@ def test_verify_webhook_refuses_a_repeated_signoff_header() -> None:
     twice = {**dict(signed + true), "signoff-delivery": "whd_1"}
     with pytest.raises(InvalidSignature, match="Signoff-Delivery header is given more than once"):
         verify_webhook(SECRET, twice, body, now=stamp)
+
+
+def test_verify_webhook_reads_raw_header_bytes_and_refuses_other_headers_by_name() -> None:
+    """Headers as an ASGI scope holds them (bytes, read as Latin-1) verify as text does; headers
+    that are no mapping, or hold other values, are a `UsageError` naming them, not a bare
+    TypeError or AttributeError (a 500 in the receiver)."""
+    body = b'{"type":"request.opened"}'
+    stamp = 1_700_000_000
+    good = {"Signoff-Timestamp": str(stamp), "Signoff-Signature": sign_webhook(SECRET, stamp, body)}
+    raw = {k.encode(): v.encode() for k, v in good.items()}
+    assert verify_webhook(SECRET, raw, body, now=stamp) == {"type": "request.opened"}
+    forged = {**raw, b"Signoff-Signature": b"v1=\xe9"}
+    with pytest.raises(InvalidSignature, match="does not match"):
+        verify_webhook(SECRET, forged, body, now=stamp)
+    for odd in (None, "Signoff-Timestamp: 1", [("Signoff-Timestamp", "1")]):
+        with pytest.raises(so.UsageError, match="headers must be the request's headers"):
+            verify_webhook(SECRET, odd, body, now=stamp)  # type: ignore[arg-type]
+    with pytest.raises(so.UsageError, match="must be text or bytes, not int"):
+        verify_webhook(SECRET, {**good, "Signoff-Timestamp": stamp}, body, now=stamp)  # type: ignore[arg-type]

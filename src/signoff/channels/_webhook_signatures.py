@@ -57,7 +57,7 @@ def signed_headers(
 
 def verify_webhook(
     secret: str | Sequence[str],
-    headers: Mapping[str, str],
+    headers: Mapping[str, str] | Mapping[bytes, bytes],
     body: bytes | str,
     *,
     tolerance: float = 300,
@@ -124,12 +124,19 @@ def verify_webhook(
     return payload
 
 
-def _signoff_headers(headers: Mapping[str, str]) -> dict[str, str]:
+def _signoff_headers(headers: Mapping[str, str] | Mapping[bytes, bytes]) -> dict[str, str]:
     """The `Signoff-*` headers by lowercase name. One given twice (a repeat in a framework's
     headers, or two spellings in a dict) is an `InvalidSignature`: the check would read the
     last copy while the receiver's `headers[name]` reads the first."""
+    items = getattr(headers, "items", None)
+    if not callable(items) or isinstance(headers, str | bytes | bytearray):
+        raise UsageError(
+            "verify_webhook(): headers must be the request's headers, a mapping of names to "
+            f"values (request.headers), not {type(headers).__name__}"
+        )
     found: dict[str, str] = {}
-    for name, value in headers.items():
+    for raw_name, raw_value in items():
+        name, value = _header_text(raw_name), _header_text(raw_value)
         key = name.lower()
         if key not in _CHECKED:
             continue
@@ -137,6 +144,19 @@ def _signoff_headers(headers: Mapping[str, str]) -> dict[str, str]:
             raise InvalidSignature(f"the {_CHECKED[key]} header is given more than once")
         found[key] = value
     return found
+
+
+def _header_text(value: object) -> str:
+    """A header's name or value as text: raw bytes (an ASGI scope's) read as Latin-1, as HTTP
+    and Starlette read them; anything else is a `UsageError`, not a bare TypeError."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("latin-1")
+    raise UsageError(
+        f"verify_webhook(): header names and values must be text or bytes, not "
+        f"{type(value).__name__}"
+    )
 
 
 def secret_list(secret: str | Sequence[str], who: str) -> list[str]:
