@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 from unittest import mock
 
@@ -118,6 +119,17 @@ class _MisspeltGuardrail(so.Guardrail):
         return Verdict("block", "no refunds today")  # type: ignore[arg-type]
 
 
+class _SdkUsagePolicy(so.ApprovalPolicy):
+    async def decide(self, ctx: so.ApprovalContext) -> Any:
+        sdk_usage = SimpleNamespace(input_tokens=5, output_tokens=2)  # a provider SDK's own
+        return Verdict("run", usage=sdk_usage)  # type: ignore[arg-type]
+
+
+class _NumberErrorGuardrail(so.Guardrail):
+    async def decide(self, ctx: so.ApprovalContext) -> Any:
+        return Verdict("ask", error=123)  # type: ignore[arg-type]
+
+
 class _StringGuardrail(so.Guardrail):
     async def decide(self, ctx: so.ApprovalContext) -> Any:
         return "denied"  # not a Verdict: must not crash the turn, nor run the call
@@ -134,6 +146,9 @@ class _StringGuardrail(so.Guardrail):
         # A verdict of no known action ran the call: only deny and ask were looked for.
         (_MisspeltPolicy(), [], "'denied'"),
         (None, [_MisspeltGuardrail()], "'block'"),
+        # Fields not of their types failed the drive with a bare error, the session left running.
+        (_SdkUsagePolicy(), [], "usage of type SimpleNamespace (give so.Usage or None)"),
+        (None, [_NumberErrorGuardrail()], "error of type int (give text or None)"),
     ],
     ids=[
         "policy-subclass-raises",
@@ -142,6 +157,8 @@ class _StringGuardrail(so.Guardrail):
         "guardrail-message-unreadable",
         "policy-action-unknown",
         "guardrail-action-unknown",
+        "policy-usage-not-usage",
+        "guardrail-error-not-text",
     ],
 )
 async def test_broken_policy_subclass_or_guardrail_fails_closed(

@@ -65,6 +65,8 @@ app loaded) for this long. Counted from the spawn alone, a loaded machine's slow
 restarted process killed before it was ready: 19-21 kills a run, but only the 3 first workers
 and the 2 restarted once the killing stopped ever logged a line, and for 16 s no process but
 one frozen in a step could take a session over."""
+KILLS_AT_LEAST = 3
+"""Fewer kills than this and the run proved nothing about crashes (usually about 20)."""
 FINISHED = ("completed", "cancelled")
 STALL_SECONDS = 20.0
 """How long at most one worker is frozen (SIGSTOP) inside a journaled step, once a run: past its
@@ -308,6 +310,9 @@ async def _run(url: str, tmp: Path, kind: str) -> None:
             )
             _proof.record("chaos:kills", kills)
             _proof.record(f"chaos:{kind}:kills", kills)
+            # No process old and ready enough to kill (a machine too loaded to start them) must
+            # fail the run, not pass it as a run with crashes that had none.
+            assert kills >= KILLS_AT_LEAST, (seed, f"only {kills} kills", _tails(slots))
             assert ledger.surprises == [], (seed, ledger.surprises)
             logs = _logs(slots)
             reruns, stalled = await _check(front, url, records, killed, ledger, seed, logs)

@@ -1,5 +1,5 @@
 """A response policy's refusal SIGKILLed right before or right after each commit of the refused
-answer (its candidate, the refusal, the lease of the drive after it): restarted, the refusal is
+answer (its candidate and the refusal): restarted, the refusal is
 recorded once however often the answer is repeated, nothing else changed, and an accepted answer
 then finishes the turn as an uninterrupted run does, the tool once."""
 

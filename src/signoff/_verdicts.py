@@ -17,6 +17,7 @@ from ._output_caps import spare
 from ._recording import own_cancel
 from ._sync import called_off_loop, thread_note
 from ._tools import Tool
+from ._types import Usage
 
 __all__ = ["still_allowed", "strictest"]
 
@@ -35,7 +36,7 @@ async def strictest(
         note = thread_note(tool.approval.decide, exc)
         own = Verdict("ask", error=f"approval policy raised {_policy_error(exc)}{note}")
     if not _is_verdict(own):
-        own = Verdict("ask", error=f"approval policy returned {_shown(own)}, not a Verdict")
+        own = Verdict("ask", error=f"approval policy returned {_shown(own)}, not a valid Verdict")
     verdicts = [own, *await _guardrails(tool, ctx, guardrails, raw, own)]
     chosen = next((v for a in ("deny", "ask") for v in verdicts if v.action == a), verdicts[0])
     guard = next((v for v in verdicts[1:] if v.action == "ask"), None)
@@ -97,7 +98,7 @@ async def _guardrails(
             note = thread_note(guardrail.decide, exc)
             v = Verdict("ask", error=f"guardrail raised {_policy_error(exc)}{note}")
         if v is not None and not _is_verdict(v):
-            v = Verdict("ask", error=f"guardrail returned {_shown(v)}, not a Verdict or None")
+            v = Verdict("ask", error=f"guardrail returned {_shown(v)}, not a valid Verdict or None")
         if v is not None and v.action == "ask":  # asked as the guardrail's, its review paid
             v = Verdict("ask", "guardrail", v.error, usage=v.usage)
         if v is not None:
@@ -127,7 +128,27 @@ def _policy_error(exc: BaseException) -> str:
 def _is_verdict(value: object) -> bool:
     """Whether `value` is a verdict of a known action: any other action ran the call, as only
     `deny` and `ask` are looked for."""
-    return isinstance(value, Verdict) and value.action in ("run", "deny", "ask")
+    return (
+        isinstance(value, Verdict)
+        and value.action in ("run", "deny", "ask")
+        and _bad_field(value) is None
+    )
+
+
+def _bad_field(verdict: Verdict) -> str | None:
+    """The verdict's field (besides `reason`, read as text) that is not of its type, named with
+    the type it has: `usage=message.usage`, a provider SDK's own, failed the drive with a bare
+    AttributeError and left the session running."""
+    usage, error, auto = verdict.usage, verdict.error, verdict.auto
+    if usage is not None and not isinstance(usage, Usage):
+        return f"usage of type {type(usage).__name__} (give so.Usage or None)"
+    if error is not None and not isinstance(error, str):
+        return f"error of type {type(error).__name__} (give text or None)"
+    if auto is not None and not (
+        isinstance(auto, tuple) and len(auto) == 2 and all(isinstance(a, str) for a in auto)
+    ):
+        return f"auto of type {type(auto).__name__} (left to so.auto())"
+    return None
 
 
 def _shown(value: object) -> str:
@@ -135,7 +156,8 @@ def _shown(value: object) -> str:
     if isinstance(value, Verdict):
         action = value.action
         named = repr(action) if isinstance(action, str) else f"a {type(action).__name__}"
-        return f"a Verdict of action {named}"
+        bad = _bad_field(value) if action in ("run", "deny", "ask") else None
+        return f"a Verdict of action {named}" + (f" with {bad}" if bad else "")
     try:
         return repr(value)
     except Exception as exc:
