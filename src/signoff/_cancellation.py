@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from contextvars import ContextVar
 from typing import Any
 
-from ._events import Event
+from ._events import CANCELLED, Event
 from ._state_parts import load_principal
 from ._types import InputRequest, Principal
 from .stores import Resolve, Store
@@ -31,7 +31,7 @@ passed its TTL: the cancel records what time did (`expiry` in its `turn.cancelle
 def _withdrawn_because(reason: str | None) -> str:
     """The reason an open request of a cancelled turn closed: the cancel's own, when it gave
     one, which the audit trail of requests shows (the turn's event alone had it)."""
-    return f"turn cancelled: {reason}" if reason else "turn cancelled"
+    return f"{CANCELLED}: {reason}" if reason else CANCELLED
 
 
 def cancel_specs(

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from ._cancellation import for_expiry, withdrawal
-from ._events import Event, is_activity
+from ._events import EXPIRED, Event, is_activity
 from ._recording import Batch, EventSpec, billing, shown_recorded, spent_in
 from ._state import SessionState
 from ._types import InputRequest, Usage
@@ -43,7 +43,6 @@ __all__ = [
 ]
 
 TIMED_OUT = "no one decided before the deadline"
-EXPIRED = "session expired"  # the reason that marks a session lapsed when folded
 
 
 def is_due(request: InputRequest, now: float) -> bool:
@@ -103,7 +102,8 @@ def state_after_expiry(state: SessionState, now: float) -> SessionState:
     if not specs:
         return state
     shown = shown_recorded(state, specs, now)
-    shown.lapsed = state.lapsed  # its `expires_at` the store's (`runnable` reads the turn's end)
+    # Its `expires_at` the store's (`runnable` reads the turn's end).
+    shown.lapsed, shown.lapsed_at = state.lapsed, state.lapsed_at
     return shown
 
 

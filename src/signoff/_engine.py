@@ -215,6 +215,7 @@ class Driver(ToolCalls, ModelStep):
                 before, planned_on = state.seq, state.shown()
                 idle = not any(is_activity(t, d) for t, d in batch)
                 after = shadow(state, events, before)
+                timed = not idle and records_expiry(batch, after)
                 snapshot = snapshot_after(state, events, before, after)
                 release = (
                     self.release_at_end
@@ -253,9 +254,9 @@ class Driver(ToolCalls, ModelStep):
                             # Bookkeeping, a deadline's escalation: the TTL runs on.
                             expires_at=state.expires_at
                             if idle
-                            else self._expires_at(state, after, now),
+                            else self._expires_at(state, after, now, timed),
                             # nor is it activity, as a passed TTL recorded is not
-                            activity=not (idle or records_expiry(batch, after)),
+                            activity=not (idle or timed),
                             release_lease=release,
                             waited=release and after is not None and waited_for_a_person(after),
                             expected_event=planned_on,
@@ -313,14 +314,17 @@ class Driver(ToolCalls, ModelStep):
                 return events
 
     @staticmethod
-    def _expires_at(state: SessionState, after: SessionState | None, now: float) -> float | None:
+    def _expires_at(
+        state: SessionState, after: SessionState | None, now: float, timed: bool
+    ) -> float | None:
         """When the session expires after this commit: its TTL from now, unless the commit
-        records its expiry (it stays expired, and no worker is to claim it)."""
+        records its expiry (it stays expired, and no worker is to claim it), or only what time
+        did (`timed`: a delegated turn's cancel for a TTL passed above it), whose TTL runs on."""
         if state.ttl is None:
             return None
         if state.lapsed or (after is not None and after.lapsed):
             return now  # passed by the time anyone looks again
-        return ttl_end(now, state.ttl)
+        return state.expires_at if timed else ttl_end(now, state.ttl)
 
     async def reload(self) -> None:
         """Rebuild the state from the store (snapshot plus tail) after a failed append, with the

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._events import Event
+from ._events import EXPIRED, Event
 from ._exceptions import StoreError
 from ._idempotency import KEPT, free_for
 from ._snapshot_fields import budgets_of, error_of, text_of, ttl_of
@@ -427,7 +427,7 @@ def _input_resolved(s: SessionState, e: Event) -> None:
             s.limit_grants += 1
         if s.turn is not None and req.request.turn_id == s.turn.id:
             s.turn.share_spent = None  # answered: a subagent stopped on its share is asked about
-    if mine and outcome == "expired" and d.get("reason") == "session expired":
+    if mine and outcome == "expired" and d.get("reason") == EXPIRED:
         s.lapsed = True
     req.request = settled_applied(req.request, d)  # a mirror's: its subagent's votes
     req.outcome = outcome
@@ -502,7 +502,7 @@ def _turn_failed(s: SessionState, e: Event) -> None:
         turn.paused = ()  # counted when journaled, and never gone on from: a retry asks afresh
     _billed(s, e)  # a reply the provider billed that the turn could not use
     _read_again(s, e)
-    if e.data.get("reason") == "session expired":
+    if e.data.get("reason") == EXPIRED:
         s.lapsed = True  # it ended because the TTL passed: the session stays expired
     if not turn.retryable:
         _owe(s, turn)

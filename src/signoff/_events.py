@@ -16,7 +16,9 @@ from ._exceptions import SchemaVersionError, StoreDamaged, TooLarge, UsageError
 
 __all__ = [
     "BOOKKEEPING",
+    "CANCELLED",
     "EVENT_TYPES",
+    "EXPIRED",
     "SCHEMA_VERSION",
     "Event",
     "EventType",
@@ -27,6 +29,7 @@ __all__ = [
     "event_of_row",
     "int_digits",
     "is_activity",
+    "keeps_activity",
     "loads",
 ]
 
@@ -71,6 +74,42 @@ def is_activity(type_: str, data: dict[str, Any]) -> bool:
     if type_ in BOOKKEEPING:
         return False
     return not (type_ == "approval.candidate" and data.get("outcome") == "escalated")
+
+
+EXPIRED: Final = "session expired"
+"""The `reason` of the events that record a session's passed TTL (`expiry_specs`): folded, the
+session is lapsed (`SessionState.lapsed`)."""
+
+CANCELLED: Final = "turn cancelled"
+"""The `reason` a cancel's withdrawals start with (`cancel_specs`): its own follows, after ': '."""
+
+
+def keeps_activity(type_: str, data: dict[str, Any], before: str | None) -> bool:
+    """Whether an event that `is_activity` still leaves the session's last activity where it
+    was, as its commit leaves the store's row (`records_expiry`), because time made it, not
+    anyone: a passed TTL's record (requests expired, the turn failed; not a mirror's close that
+    copies its subagent's, which lets the delegate call go on), and a delegated turn's cancel for
+    a TTL passed above it (`expiry`). A cancel's withdrawals, and the `session.waiting` right
+    after its `turn.cancelled` (`before`: the type of the event before), are committed with
+    that `turn.cancelled`, which decides for them."""
+    if type_ in ("input.resolved", "turn.failed"):
+        reason = data.get("reason")
+        if reason == EXPIRED:
+            return "child_request_id" not in data
+        return type_ == "input.resolved" and _cancels(data, reason)
+    if type_ == "turn.cancelled":
+        return data.get("expiry") is True
+    return type_ == "session.waiting" and before == "turn.cancelled"
+
+
+def _cancels(data: dict[str, Any], reason: Any) -> bool:
+    """Whether an `input.resolved` is a cancel's withdrawal (`cancel_specs`)."""
+    return (
+        data.get("status") == "withdrawn"
+        and data.get("outcome") == "cancelled"
+        and isinstance(reason, str)
+        and (reason == CANCELLED or reason.startswith(CANCELLED + ": "))
+    )
 
 
 def dumps(value: Any) -> str:

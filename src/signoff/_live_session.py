@@ -20,7 +20,7 @@ from typing import Any, NamedTuple, Protocol
 from . import _exceptions as errors
 from ._answers import closed_text
 from ._deadlines import EXPIRED, after_deadline
-from ._events import Event, is_activity
+from ._events import Event, is_activity, keeps_activity
 from ._mirrors import FOLLOWED, MAX_HOPS
 from ._payloads import RemoteResult, input_responses
 from ._state_parts import candidate_applied, settled_applied
@@ -118,7 +118,10 @@ class LiveSession:
                 200,
             ) from None
         self.seq = event.seq
-        if is_activity(event.type, event.data):  # as the server's fold counts it
+        prior = None if self._last is None else self._last.type
+        if is_activity(event.type, event.data) and not keeps_activity(
+            event.type, event.data, prior
+        ):  # as the server's fold counts it
             self._updated_at = event.at
         self._last = event
         return fold()

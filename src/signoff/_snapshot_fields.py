@@ -121,6 +121,7 @@ _FIELDS: dict[str, Callable[[object], bool]] = {
     "short": _short,
     "queued": _queued,
     "lapsed": _flag,
+    "lapsed_at": _or_none(_time),
     "limit_grants": _count,
     "headroom": _budgets,
     "parent_spent": _budgets,

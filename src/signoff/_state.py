@@ -14,7 +14,7 @@ from typing import Any
 
 from ._conversation import MALFORMED, Conversation
 from ._event_handlers import HANDLERS
-from ._events import Event, EventType, is_activity
+from ._events import Event, EventType, is_activity, keeps_activity
 from ._exceptions import SchemaVersionError, StoreError
 from ._snapshot_fields import (
     check_fields,
@@ -63,7 +63,7 @@ SNAPSHOT_VERSION = 2
 journals out (read back from the events); an older signoff refuses such a snapshot by its
 version. One of version 1 or before holds each journal whole, and still loads."""
 
-FOLD_VERSION = 15
+FOLD_VERSION = 16
 """Version of the fold (`SessionState.apply`) that made this signoff's snapshots (their `fold`; none
 is 1), raised whenever an event comes to fold otherwise: a session loads only from a snapshot of
 this fold (`of_this_fold`). 2: a failed turn cancelled after is not `retryable`. 3: a `tool.started`
@@ -84,7 +84,9 @@ parts: its retry asks afresh. 12: a turn keeps the last event its latest reply r
 older one naming the child the call's key derives), not any step of its name. 14: a quorum's
 approval settled holds every vote, the last one too (its settling's `approved_by`; a mirror's, those
 of its subagent's request), as its stored row does. 15: a mirror closed unapproved (denied, expired)
-holds the votes its subagent's request counted, as its close records them (`approved_by`)."""
+holds the votes its subagent's request counted, as its close records them (`approved_by`). 16: a
+passed TTL's record, and a delegated turn's cancel for one, are no activity (`keeps_activity`): the
+session's `updated_at` stays its last activity, its `expires_at` the record's time (`lapsed_at`)."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -125,6 +127,9 @@ class SessionState:
     short: dict[str, list[Any]] = field(default_factory=dict)
     queued: list[dict[str, Any]] = field(default_factory=list)
     lapsed: bool = False  # its TTL passed and its requests were expired: it stays expired
+    # Once lapsed, the time of the latest event since that `is_activity` (its expiry's record,
+    # mostly): its `expires_at`, as the store's row keeps it.
+    lapsed_at: float | None = None
     # What its parent's budgets had left when this child session was created (`max_tokens`,
     # `max_cost_usd`; from its `session.created`): its delegated turn stops once it spent that.
     headroom: dict[str, float] = field(default_factory=dict)
@@ -207,7 +212,10 @@ class SessionState:
         the events that recorded it."""
         if self.ttl is None:
             return None
-        end = self.updated_at if self.lapsed else self.updated_at + self.ttl
+        if self.lapsed:
+            end = self.updated_at if self.lapsed_at is None else self.lapsed_at
+        else:
+            end = self.updated_at + self.ttl
         return end if end - end == 0.0 else None  # an infinite TTL never passes (`ttl_end`)
 
     def expired(self, now: float) -> bool:
@@ -228,9 +236,12 @@ class SessionState:
                 f"session {self.id} is damaged: event seq {event.seq} does not follow {self.seq}"
             )
         self.seq = event.seq
+        prior = None if self.last is None else self.last[0]
         self.last = (event.type, event.at, event.turn_id)
-        if is_activity(event.type, event.data):  # else its TTL runs on from the event before
-            self.updated_at = event.at  # (`Driver.record` keeps the row's deadline)
+        active = is_activity(event.type, event.data)
+        # Else its TTL runs on from the event before (`Driver.record` keeps the row's deadline).
+        if active and not keeps_activity(event.type, event.data, prior):
+            self.updated_at = event.at
         handler = HANDLERS[event.type]
         try:
             handler(self, event)
@@ -240,6 +251,8 @@ class SessionState:
                         self.turn.calls[call_id].held = dict(verdict)
         except MALFORMED as exc:
             raise StoreError(f"event {event.id} ({event.type}) is malformed: {exc!r}") from exc
+        if active and self.lapsed:
+            self.lapsed_at = event.at
 
     def to_snapshot(self, *, journals: bool = False) -> dict[str, Any]:
         """Serializable form of everything but the conversation and, unless `journals`, the
@@ -266,6 +279,7 @@ class SessionState:
             **({"short": dict(self.short)} if self.short else {}),
             "queued": self.queued,
             "lapsed": self.lapsed,
+            **({} if self.lapsed_at is None else {"lapsed_at": self.lapsed_at}),
             "limit_grants": self.limit_grants,
             **({"headroom": dict(self.headroom)} if self.headroom else {}),
             **({"parent_spent": dict(self.parent_spent)} if self.parent_spent else {}),
@@ -400,6 +414,7 @@ class SessionState:
             short=dict(self.short),
             queued=list(self.queued),
             lapsed=self.lapsed,
+            lapsed_at=self.lapsed_at,
             limit_grants=self.limit_grants,
             headroom=dict(self.headroom),
             parent_spent=dict(self.parent_spent),
@@ -487,6 +502,7 @@ class SessionState:
             short=dict(data.get("short", {})),
             queued=list(data.get("queued", [])),
             lapsed=data.get("lapsed", False),
+            lapsed_at=data.get("lapsed_at"),
             limit_grants=data.get("limit_grants", 0),
             headroom=dict(data.get("headroom", {})),
             parent_spent=dict(data.get("parent_spent", {})),
