@@ -21,6 +21,7 @@ SAMPLES: dict[str, Callable[[], BaseException]] = {
     "InvalidAnswer": lambda: so.InvalidAnswer("bad", ["req_1"]),
     "TooLarge": lambda: so.TooLarge("big"),
     "UnknownAgent": lambda: so.UnknownAgent("unknown agent 'b'"),
+    "UnknownTool": lambda: so.UnknownTool("unknown tool 'b'"),
     "ReplayError": lambda: so.ReplayError("order changed"),
     "SessionError": lambda: so.SessionError("about it", "ses_1"),
     "UnknownSession": lambda: so.UnknownSession("ses_1"),

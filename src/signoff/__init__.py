@@ -135,6 +135,7 @@ __all__ = [
     "UnknownAgent",
     "UnknownRequest",
     "UnknownSession",
+    "UnknownTool",
     "Usage",
     "UsageError",
     "UserMessage",

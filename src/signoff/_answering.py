@@ -10,7 +10,7 @@ from typing import Any
 from . import _mirrors
 from ._answer_sizes import check_all_answered, check_bounds, check_count
 from ._answers import Reply as _Reply
-from ._answers import check_decided, check_principal, input_responses
+from ._answers import check_decided, check_delegate_tools, check_principal, input_responses
 from ._answers import repeat as _repeat
 from ._answers import resolution as _resolution
 from ._answers import settlement_events as _settlement_events
@@ -251,6 +251,8 @@ class Answering(EditChecks):
             # Its turn goes on only where its agent is: refused first, nothing stored (an answer
             # to a mirror too, settled in the subagent's session before its parent is driven).
             agent = self.agent(state.agent)
+            # And so only where its agent still has the delegate tool a mirror's call ran.
+            check_delegate_tools(state, agent.tools, answers)
             if only_approvals:  # before routing: a mirror has the kind of the child's request
                 for reply in answers:  # told only to who may answer it: others are refused below
                     live = state.requests.get(reply.request_id)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -17,6 +17,7 @@ from ._exceptions import (
     RequestClosed,
     StaleAnswer,
     TooLarge,
+    UnknownTool,
     UsageError,
 )
 from ._option_names import how_to_choose, match_option, named_options
@@ -25,6 +26,9 @@ from ._text import is_blank
 from ._tool_json import copied, key_not_text, nests_deeper
 from ._tools import Tool
 from ._types import Decision, InputRequest, InputResponse, Principal, same_json
+
+if TYPE_CHECKING:
+    from ._state import SessionState
 
 __all__ = [
     "AUTO_APPROVED",
@@ -35,6 +39,7 @@ __all__ = [
     "approved_on_timeout",
     "blank_identity",
     "check_decided",
+    "check_delegate_tools",
     "check_principal",
     "checked_cancel",
     "check_unambiguous",
@@ -206,6 +211,33 @@ def check_decided(request: InputRequest) -> None:
             "approvals only; answer it with respond() (over HTTP, POST "
             f"/v1/sessions/{request.session_id}/responses)",
             [request.id],
+        )
+
+
+def check_delegate_tools(
+    state: SessionState, tools: Iterable[str], answers: Iterable[Reply]
+) -> None:
+    """`UnknownTool` for an answer to one of the session's open mirrors whose delegate call's
+    tool its agent (with `tools`) lost since the call started (a deploy renamed or removed it):
+    nothing would drive the subagent on to take its result, and the parent's drive cancels the
+    subagent's turn, the answer dropped. Refused first instead, nothing recorded."""
+    known = list(tools)
+    turn = state.turn
+    for answer in answers:
+        live = state.requests.get(answer.request_id)
+        if turn is None or live is None or live.status != "pending":
+            continue
+        ref = live.request.child
+        call = None if ref is None else turn.calls.get(ref.call_id)
+        if ref is None or call is None or call.tool_name in known:
+            continue
+        has = ", ".join(known) or "none"
+        raise UnknownTool(
+            f"unknown tool {call.tool_name!r}: request {answer.request_id} was asked for "
+            f"delegate call {call.id} of session {state.id!r}, whose agent {state.agent!r} no "
+            f"longer has that tool (it has: {has}): nothing would go on with the call, so the "
+            f"answer would not be acted on; answer {ref.agent}'s request {ref.request_id} in "
+            f"its session {ref.session_id!r} directly, or cancel session {state.id!r}"
         )
 
 

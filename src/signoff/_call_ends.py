@@ -6,6 +6,7 @@ be recorded by the next drive here. A part of `Driver` (through `ToolCalls`), ap
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any, TypeAlias
 
 from pydantic import BaseModel, ValidationError
@@ -13,7 +14,7 @@ from pydantic_core import PydanticSerializationError
 
 from ._child_sessions import with_spend
 from ._error_text import error_message, error_text, readable
-from ._exceptions import LeaseLost, StoreError, UsageError
+from ._exceptions import LeaseLost, StoreError, UnknownAgent, UnknownSession, UsageError
 from ._journal import CallJournal
 from ._recording import (
     DriverPart,
@@ -26,6 +27,7 @@ from ._recording import (
     tool_result,
 )
 from ._state import CallState
+from ._subagents import STEERED
 from ._sync import to_end
 from ._text import cut
 from ._tool_json import jsonable, over_limit, recorded_bound, result_bound
@@ -41,8 +43,13 @@ Got: TypeAlias = "dict[str, Any] | PydanticSerializationError | None"
 no JSON form; None when none was taken (`Tool.holds_lazy`: taking it would use up an
 iterator)."""
 
+log = logging.getLogger("signoff.runtime")
+
 IGNORED = {"reason": "the user sent a new message instead", "outcome": "ignored"}
 """The decision on an approval a message steered past before it was asked."""
+
+UNRUN = "the parent's delegate call ended without its tool running"
+"""The reason a delegated turn's `turn.cancelled` records when its call ended unrun."""
 
 
 def signal_in(exc: BaseException) -> BaseException:
@@ -197,6 +204,28 @@ class CallEnds(DriverPart):
                 wrapped["approval"] = approval  # the reason given for approving reaches the model
             result = wrapped
         await self.end_call(key, journal, [tool_result(call, "ok", result)])
+
+    async def end_unrun(self, call: CallState, error: dict[str, Any]) -> None:
+        """Record `error` as the result of `call`, ended without its tool run (gone from the
+        agent since the call started, its input no longer valid or approved). A delegate call's
+        child is cancelled first, as a steer cancels it (nothing else would drive it on, and a
+        turn left live would never be counted), and its spend counted in this end."""
+        specs = [tool_result(call, "error", error)]
+        kids = call.subagents()
+        if kids and self.host is not None:
+            turn = self.state.turn
+            why = STEERED if turn is not None and turn.steered else UNRUN
+            for child in dict.fromkeys(kids):
+                try:
+                    if (await self.host.runtime._state(child)).parent == self.state.id:
+                        await self.host.cancel_child(child, why)
+                except UnknownSession:
+                    continue
+                except UnknownAgent:  # its spend so far is counted, the rest once it ends
+                    left = "is left to a process that has its agent (its orphan sweep cancels it)"
+                    log.warning("subagent session %s %s", child, left)
+            specs = await with_spend(self.host.runtime, self.state.id, call, specs)
+        await self.record(specs)
 
     async def end_call(self, key: str, journal: CallJournal, specs: list[EventSpec]) -> None:
         """Record the outcome of a call whose body ran, whatever cancels the drive meanwhile

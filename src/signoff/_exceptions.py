@@ -6,6 +6,7 @@
     │   ├── InvalidAnswer          an answer or decision of the wrong shape or type
     │   ├── TooLarge               text or data over a documented size limit
     │   ├── UnknownAgent           an agent the runtime does not have (named, or a session's)
+    │   ├── UnknownTool            an answer for a delegate call whose tool its agent lost
     │   └── ReplayError            a workflow tool stepped or asked differently on replay
     ├── SessionError               about a session as a whole          (.session_id)
     │   ├── UnknownSession         no such session
@@ -93,6 +94,7 @@ __all__ = [
     "UnknownAgent",
     "UnknownRequest",
     "UnknownSession",
+    "UnknownTool",
     "UsageError",
 ]
 
@@ -160,6 +162,14 @@ class UnknownAgent(UsageError):
     session (started by another process's runtime) that this one was asked to continue."""
 
     code = "unknown_agent"
+
+
+class UnknownTool(UsageError):
+    """An answer given through a parent session to its subagent's request, whose delegate call's
+    tool the parent's agent no longer has (a deploy renamed or removed it): nothing could take
+    the subagent's result, so the answer would not be acted on. Nothing was recorded."""
+
+    code = "unknown_tool"
 
 
 class SessionError(SignoffError):

@@ -61,6 +61,7 @@ from ._exceptions import (
     UnknownAgent,
     UnknownRequest,
     UnknownSession,
+    UnknownTool,
     UsageError,
 )
 from ._response import (
@@ -188,6 +189,7 @@ __all__ = [
     "UnknownAgent",
     "UnknownRequest",
     "UnknownSession",
+    "UnknownTool",
     "Usage",
     "UsageError",
     "UserMessage",

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_DEPTH",
+    "STEERED",
     "RuntimeHost",
     "SubagentFailed",
     "delegate",
@@ -62,6 +63,9 @@ __all__ = [
 
 
 log = logging.getLogger("signoff.runtime")
+
+STEERED = "the parent turn was steered by a new message"
+"""The reason a delegated turn's `turn.cancelled` records when a message steered its parent."""
 
 
 @runtime_checkable
@@ -275,7 +279,7 @@ async def _interrupted(host: RuntimeHost, journal: _DelegateJournal, agent: str,
     of answering). A turn that ended first keeps its result: its tools ran."""
     turn = (journal.session_id, journal.turn_id, journal.turn_seq)
     why = await cancelled_by(host.runtime.store, *turn)
-    steered = ("the parent turn was steered by a new message", None)
+    steered = (STEERED, None)
     result = await host.cancel_child(child, *(why or steered))
     if result.status in ("completed", "failed"):
         return _ended(result, agent, child)

@@ -296,7 +296,7 @@ class ToolCalls(CallEnds):
             return
         tool = self.agent.tools.get(call.tool_name)
         if tool is None:  # gone from the agent (a new deploy) while the call waited
-            await self.record([tool_result(call, "error", self._unknown_tool(call.tool_name))])
+            await self.end_unrun(call, self._unknown_tool(call.tool_name))
             return
         principal = turn.principal
         # The model's own input, validated again as when it was proposed (validating the form
@@ -325,7 +325,7 @@ class ToolCalls(CallEnds):
         try:
             validated = tool.validate(raw) if validated is None else validated
         except ValidationError as exc:
-            await self.record([tool_result(call, "error", invalid_input(exc))])
+            await self.end_unrun(call, invalid_input(exc))
             return
         unbound = bound is not None and not binds(bound, tool, raw, validated)
         if bound is not None and unbound and call.edited_input is None:
@@ -338,7 +338,7 @@ class ToolCalls(CallEnds):
                 "approved (its parameters changed since, or a validator is not deterministic); "
                 "the call was not run"
             }
-            await self.record([tool_result(call, "error", unapproved)])
+            await self.end_unrun(call, unapproved)
             return
         checked = None
         if call.status == "approved" and self.agent.guardrails:

@@ -46,6 +46,7 @@ ERRORS: dict[str, type[errors.SignoffError]] = {
         errors.InvalidAnswer,
         errors.TooLarge,
         errors.UnknownAgent,
+        errors.UnknownTool,
         errors.IdempotencyKeyReused,
         errors.SessionError,
         errors.UnknownSession,

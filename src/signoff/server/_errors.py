@@ -40,6 +40,7 @@ from .._exceptions import (
     UnknownAgent,
     UnknownRequest,
     UnknownSession,
+    UnknownTool,
     UsageError,
 )
 from ._head import allowed, with_head
@@ -121,6 +122,7 @@ _STATUS: list[tuple[type[SignoffError], int]] = [
     (SessionError, 409),
     (TooLarge, 413),
     (UnknownAgent, 422),
+    (UnknownTool, 422),
     (UsageError, 400),
     (ModelError, 502),
     (EventsRewritten, 409),
@@ -376,7 +378,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     ),
     422: _doc(
         "Invalid or partial body (`invalid_request`, `invalid_answer`, `partial_answer`, "
-        "`unknown_agent`)"
+        "`unknown_agent`, `unknown_tool`)"
     ),
     499: _doc(
         "Never received: the client closed its connection before its request's body arrived "
