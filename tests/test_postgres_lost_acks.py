@@ -128,3 +128,26 @@ async def test_a_claim_whose_acknowledgement_is_lost_returns_what_it_claimed(
     claimed = await _acknowledgement_lost(cluster, lambda: store.claim("w1", 30, now, 5))
     assert claimed == [(sid, 1)]
     assert await store.claim("w2", 30, now, 5) == []  # leased once, to w1
+
+
+async def test_a_channel_claim_whose_acknowledgement_is_lost_says_when_the_one_before_lapsed(
+    cluster: PgCluster, store: PostgresStore
+) -> None:
+    """A hub takes a claim that lapsed an hour ago, at position 100: sent again after its
+    acknowledgement was lost, the take still says it lapsed then (not at the expiry the first
+    attempt set, this hub's own), so the hub starts at the end rather than deliver from a
+    position that stale (`Claims.take`: `FRESH`)."""
+    held, _, _ = await store.claim_channel("hub.slack", "old", 30, time.time(), after_id=100)
+    assert held
+    async with (await store._get_pool()).connection() as conn:
+        await conn.execute(
+            f"UPDATE {store._s}.channel_claims SET expires_at = "
+            "extract(epoch FROM clock_timestamp()) - 3600 WHERE name = 'hub.slack'"
+        )
+    took = await _acknowledgement_lost(
+        cluster, lambda: store.claim_channel("hub.slack", "new", 30, time.time())
+    )
+    held, saved, since = took
+    assert held and saved == 100
+    assert since is not None and abs(since - (time.time() - 3600)) < 60
+    assert await store.claim_channel("hub.slack", "other", 30, time.time()) == (False, None, None)

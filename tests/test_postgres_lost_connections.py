@@ -4,6 +4,7 @@ acknowledgement is lost, and while a lease or claim waits."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -478,3 +479,33 @@ async def test_a_read_whose_connection_is_lost_twice_is_tried_a_third_time(
             await asyncio.wait_for(read, 10)
         await holder.execute("COMMIT")
     assert await pg.head(sid) == 1
+
+
+async def test_a_channel_take_racing_a_give_back_says_when_it_was_given_back(
+    pg: PostgresStore, pg_store_url: str
+) -> None:
+    """An old hub's claim lapsed an hour ago; it gives the claim back (saving its position) as
+    a new hub takes it, whose write waits for that give-back's row lock, and whose connection is
+    lost there once. The take says the claim was given back now, not that it lapsed an hour ago
+    (the row as it stood when the statement began): the position is fresh, and passed on."""
+    held, _, _ = await pg.claim_channel("hub.slack", "old", 30, T0, after_id=100)
+    assert held
+    holder, observer = await admin(pg_store_url), await admin(pg_store_url)
+    async with holder, observer:
+        await holder.execute(
+            "UPDATE signoff.channel_claims SET expires_at = "
+            "extract(epoch FROM clock_timestamp()) - 3600 WHERE name = 'hub.slack'"
+        )
+        await holder.execute("BEGIN")
+        await holder.execute(
+            "UPDATE signoff.channel_claims SET owner = '', after_id = 120, "
+            "expires_at = extract(epoch FROM clock_timestamp()) WHERE name = 'hub.slack'"
+        )
+        take = asyncio.create_task(pg.claim_channel("hub.slack", "new", 30, T0))
+        pid = await _backend_waiting(observer, "%ON CONFLICT%")
+        await observer.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        await _backend_waiting(observer, "%ON CONFLICT%", {pid})  # sent again, waiting
+        await holder.execute("COMMIT")
+        held, saved, since = await asyncio.wait_for(take, 10)
+    assert held and saved == 120
+    assert since is not None and abs(since - time.time()) < 60  # the database's clock: this one

@@ -4,7 +4,7 @@ releases the lease on one; each is one autocommit statement or one short transac
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -13,9 +13,6 @@ from psycopg.rows import TupleRow
 from ..._events import Event
 from ..._exceptions import EventsRewritten, UnknownSession
 from .._base import (
-    CHANNEL_CLAIMED,
-    CHANNEL_MEMOS,
-    CHANNEL_RELEASED,
     LEASE_ACQUIRED,
     LEASE_CLAIMED,
     LEASE_RELEASED,
@@ -23,7 +20,6 @@ from .._base import (
     SessionSummary,
 )
 from .._codec import stored_type
-from .._memos import checked_memo_names, checked_memos
 from .._shown import check_shown
 from .._swept_rows import DamagedSession, swept_summary
 from ._connections import Conn, Connections, storable
@@ -386,161 +382,6 @@ class Leases(Connections):
         self._before(LEASE_RELEASED)
         await self._write(body, f"releasing the lease on session {session_id!r}", transaction=False)
         self._after(LEASE_RELEASED)
-
-    async def claim_channel(
-        self,
-        name: str,
-        owner: str,
-        ttl: float,
-        now: float,
-        *,
-        after_id: int | None = None,
-        succeeds: str | None = None,
-        renewing: bool = False,
-        memos: Mapping[str, str | None] | None = None,
-    ) -> tuple[bool, int | None, float | None]:
-        """Take or keep the claim `name` (a hub's on a channel) for `owner` until `ttl` seconds
-        from now: it is free, lapsed or `owner`'s already. `(True, the position saved in it,
-        when it lapsed or was given back or lapses)`, saving `after_id` first if given (`None`
-        for a claim never taken before); `(False, None, None)` while another owner holds it. An
-        owner whose name starts with `succeeds` is taken over at once, lapsed or not (the caller
-        knows it is gone). `renewing`: kept only while it still names `owner`, lapsed or not
-        (not taken back once another took it, even given back since). `memos` (as
-        `keep_channel_memos` takes them) are kept in the same statement, if it is held. Now is
-        the database's clock at the statement, not `now`: a process's reckoning of it is
-        measured when it opens and goes stale (the server's clock stepped, say by a
-        failover), and two hubs would then both deliver."""
-        s = self._s
-        given = memos or {}
-        names = checked_memos(given)
-        # `was` reads the row as it stood before this statement: when it lapsed.
-        sql = f"WITH was AS (SELECT expires_at FROM {s}.channel_claims WHERE name = %s), k AS ("
-        args: list[Any] = [name]
-        if renewing:
-            sql += (
-                f"UPDATE {s}.channel_claims AS c SET expires_at={_NOW} + %s::float8, "
-                "after_id=COALESCE(%s::bigint, c.after_id) WHERE name = %s AND owner = %s "
-            )
-            args += [ttl, after_id, name, owner]
-        else:
-            heir = "" if succeeds is None else " OR left(c.owner, %s) = %s"
-            sql += (
-                f"INSERT INTO {s}.channel_claims AS c (name, owner, expires_at, after_id) "
-                f"VALUES (%s, %s, {_NOW} + %s::float8, %s::bigint) ON CONFLICT (name) DO UPDATE "
-                "SET owner=excluded.owner, expires_at=excluded.expires_at, "
-                "after_id=COALESCE(excluded.after_id, c.after_id) "
-                f"WHERE c.owner IN ('', excluded.owner) OR c.expires_at <= {_NOW}{heir} "
-            )
-            args += [name, owner, ttl, after_id]
-            args += [] if succeeds is None else [len(succeeds), succeeds]
-        sql += "RETURNING after_id, (SELECT expires_at FROM was) AS was_at)"
-        if names:  # only where `k` kept the claim: its rows are the memos' (names with a `:`)
-            kept = [n for n in names if given[n] is not None]
-            sql += (
-                f", d AS (DELETE FROM {s}.channel_claims "
-                "WHERE name = ANY(%s::text[]) AND EXISTS (SELECT 1 FROM k)), "
-                f"m AS (INSERT INTO {s}.channel_claims AS c (name, owner, expires_at) "
-                f"SELECT n, v, {_NOW} FROM unnest(%s::text[], %s::text[]) AS t(n, v) "
-                "WHERE EXISTS (SELECT 1 FROM k) ON CONFLICT (name) DO UPDATE "
-                "SET owner=excluded.owner, expires_at=excluded.expires_at)"
-            )
-            args += [[n for n in names if given[n] is None], kept, [given[n] for n in kept]]
-        sql += " SELECT after_id, was_at FROM k"
-
-        async def body(conn: Conn) -> tuple[bool, int | None, float | None]:
-            cur = await conn.execute(sql, args)
-            row = await cur.fetchone()
-            return (False, None, None) if row is None else (True, row[0], row[1])
-
-        # One statement, the same whoever runs it again: a lost connection is retried.
-        self._before(CHANNEL_CLAIMED)
-        found = await self._write(body, f"claiming channel {name!r}", transaction=False)
-        self._after(CHANNEL_CLAIMED)
-        return (False, None, None) if found is None else found
-
-    async def release_channel(self, name: str, owner: str, now: float) -> None:
-        """Give back the claim `name` if `owner` holds it, as of now by the database's clock
-        (not `now`: see `claim_channel`); its position stays."""
-        s = self._s
-
-        async def body(conn: Conn) -> None:
-            await conn.execute(
-                f"UPDATE {s}.channel_claims SET owner='', expires_at={_NOW} "
-                "WHERE name=%s AND owner=%s",
-                (name, owner),
-            )
-
-        self._before(CHANNEL_RELEASED)
-        await self._write(body, f"releasing channel {name!r}", transaction=False)
-        self._after(CHANNEL_RELEASED)
-
-    async def keep_channel_memos(
-        self, memos: Mapping[str, str | None], now: float, *, durable: bool = False
-    ) -> None:
-        """Keep each value (JSON text) under its name (`<hub>.<channel>:<key>`), or drop the
-        memo where it is None, in one statement: rows of `channel_claims` beside the claims
-        (whose names have no `:`), the value in `owner`, when kept (the database's clock, not
-        `now`) in `expires_at`. `durable`: flushed before it returns, as an answer is, also on
-        a server whose `synchronous_commit` is off."""
-        names = checked_memos(memos)
-        s = self._s
-        gone = [n for n in names if memos[n] is None]
-        kept = [n for n in names if memos[n] is not None]
-        values = [memos[n] for n in kept]
-        sync = self._sync_setting(True) if durable else None
-        sql = (
-            f"WITH d AS (DELETE FROM {s}.channel_claims WHERE name = ANY(%s::text[])) "
-            f"INSERT INTO {s}.channel_claims AS c (name, owner, expires_at) "
-            f"SELECT n, v, {_NOW} FROM unnest(%s::text[], %s::text[]) AS t(n, v) "
-            "ON CONFLICT (name) DO UPDATE SET owner=excluded.owner, "
-            "expires_at=excluded.expires_at"
-        )
-        params: list[Any] = [gone, kept, values]
-        if sync is not None:  # sent together (one transaction) by the simple protocol
-            sql = f"SELECT set_config('synchronous_commit', %s, true); {sql}"
-            params.insert(0, sync)
-
-        async def body(conn: Conn) -> None:
-            # Idempotent (the same rows whoever runs it again): a lost connection is retried.
-            if sync is None:
-                await conn.execute(sql, params)
-            else:
-                await psycopg.AsyncClientCursor(conn).execute(sql, params)
-
-        self._before(CHANNEL_MEMOS)
-        await self._write(body, "keeping a channel's memos", transaction=False)
-        self._after(CHANNEL_MEMOS)
-
-    async def channel_memo(self, name: str) -> str | None:
-        """The value kept under `name` by `keep_channel_memos`, or None."""
-        (name,) = checked_memo_names([name])
-        s = self._s
-
-        async def body(conn: Conn) -> str | None:
-            cur = await conn.execute(
-                f"SELECT owner FROM {s}.channel_claims WHERE name = %s", (name,)
-            )
-            row = await cur.fetchone()
-            return None if row is None else str(row[0])
-
-        return await self._read(body, f"reading the channel memo {name!r}")
-
-    async def channel_memos(self, prefix: str) -> list[tuple[str, str, float]]:
-        """The memos kept by `keep_channel_memos` whose name starts with `prefix` (which names
-        memos, `<hub>.<channel>:...`): each name, value and when it was kept (the database's
-        clock), oldest first."""
-        (prefix,) = checked_memo_names([prefix])
-        s = self._s
-
-        async def body(conn: Conn) -> list[tuple[str, str, float]]:
-            cur = await conn.execute(
-                f"SELECT name, owner, expires_at FROM {s}.channel_claims "
-                "WHERE starts_with(name, %s) ORDER BY expires_at, name",
-                (prefix,),
-            )
-            return [(str(n), str(v), float(at)) for n, v, at in await cur.fetchall()]
-
-        return await self._read(body, f"reading the channel memos {prefix!r}")
 
 
 def _head_row(row: Sequence[Any]) -> Sequence[Any] | None:

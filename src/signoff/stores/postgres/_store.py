@@ -31,6 +31,7 @@ from .._codec import EventTexts, Tail, pack_bytes, stored_type, type_name
 from .._initiators import initiator_columns
 from .._request_rows import request_rows
 from .._shown import rewritten
+from ._channel_claims import ChannelClaims
 from ._connections import Conn, Seen, storable
 from ._deletions import Deletions
 from ._leases import Leases
@@ -52,7 +53,7 @@ from ._sql import (
 __all__ = ["PostgresStore"]
 
 
-class PostgresStore(Reads, Leases, Deletions):
+class PostgresStore(Reads, Leases, ChannelClaims, Deletions):
     """`Store` on PostgreSQL (`postgresql://user@host:port/db`); many processes may share it.
 
     `schema` names the PostgreSQL schema holding signoff's tables. With `migrate=False`, `open()`
