@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 import signoff as so
-from signoff._exceptions import StoreGone, UnknownSession
+from signoff._exceptions import StoreError, StoreGone, UnknownSession
 from signoff.stores import Commit
 from signoff.stores.postgres import PostgresStore
 
@@ -73,3 +73,41 @@ async def test_a_worker_whose_schema_is_dropped_stops_with_store_gone(pg_store_u
         finally:
             stop.set()
             await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_table_dropped_from_a_current_schema_is_damage_not_a_restart(
+    pg_store_url: str,
+) -> None:
+    """A table dropped by hand from a schema at this signoff's version: a restart migrates
+    nothing, so the `StoreError` says the store is damaged, naming the table, and to restore it
+    (not `StoreGone`'s restart, which `/healthz` and `signoff worker` answered with a restart
+    for ever), in this process and the next. A schema at an older version is still
+    `StoreGone`: opening it anew migrates it."""
+    store = PostgresStore(pg_store_url)
+    try:
+        sid = await new_session(store)
+        async with await admin(pg_store_url) as conn:
+            await conn.execute(f'DROP TABLE "{store.schema}".deleted_sessions')
+        for call in (lambda: store._was_deleted(sid), lambda: new_session(store)):
+            with pytest.raises(StoreError, match="lacks deleted_sessions, dropped") as caught:
+                await call()
+            assert not isinstance(caught.value, StoreGone)
+            assert "the store is damaged" in str(caught.value)
+            assert "Restore it from a backup" in str(caught.value)
+            assert "Restart the process" not in str(caught.value)
+    finally:
+        await store.close()
+    again = PostgresStore(pg_store_url)  # the process restarted
+    try:
+        with pytest.raises(StoreError, match="lacks deleted_sessions, dropped") as caught:
+            await again.delete_session(sid, now=T0)
+        assert not isinstance(caught.value, StoreGone)
+        async with await admin(pg_store_url) as conn:
+            await conn.execute(
+                f'DELETE FROM "{again.schema}".schema_version WHERE version = '
+                f'(SELECT max(version) FROM "{again.schema}".schema_version)'
+            )
+        with pytest.raises(StoreGone, match="Restart the process"):
+            await again._was_deleted(sid)
+    finally:
+        await again.close()

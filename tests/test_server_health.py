@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
+import psycopg
 import pytest
 
 import signoff as so
@@ -78,6 +79,23 @@ async def test_a_store_gone_for_good_fails_liveness_so_the_process_is_restarted(
             assert r.status_code == 503, r.text
             assert r.json()["error"]["code"] == "store_gone"
             assert str(db) not in r.text
+
+
+async def test_a_table_dropped_from_a_current_schema_fails_readiness_not_liveness(
+    pg_store_url: str,
+) -> None:
+    """A table dropped by hand from a PostgreSQL schema at this signoff's version: a restart
+    migrates nothing, so `/healthz` stays 200 (it was 503 `store_gone` for good, restarted in a
+    loop that could never mend it); `/readyz` says the store fails (`store_error`)."""
+    async with probed(pg_store_url) as (_, c, _ctx):
+        assert (await c.get("/readyz")).status_code == 200
+        async with await psycopg.AsyncConnection.connect(pg_store_url, autocommit=True) as conn:
+            await conn.execute("DROP TABLE signoff.sessions CASCADE")
+        for _ in range(2):
+            r = await c.get("/readyz")
+            assert r.status_code == 503, r.text
+            assert r.json()["error"]["code"] == "store_error"
+            assert (await c.get("/healthz")).status_code == 200
 
 
 async def test_a_metrics_scrape_that_meets_the_store_gone_fails_liveness(tmp_path: Path) -> None:

@@ -444,7 +444,8 @@ class StoreDamaged(StoreError):
 
 class StoreGone(StoreError):
     """The store's file was deleted or replaced (or its PostgreSQL schema dropped) after this
-    process opened it: waiting does not help, only opening it anew (restarting the process)."""
+    process opened it: waiting does not help, only opening it anew (restarting the process). A
+    table dropped from a schema at this signoff's version is a plain `StoreError` (damaged)."""
 
     code = "store_gone"
 

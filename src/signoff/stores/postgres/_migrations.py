@@ -3,6 +3,7 @@ applied under an advisory lock (`_schema` holds them), and what a current schema
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 import psycopg
@@ -45,6 +46,22 @@ class Migrations(Transactions):
             raise self._opening_failed("cannot read the schema", exc) from exc
         finally:
             await conn.close()
+
+    async def _lacking(self) -> list[str]:
+        """What `schema_missing` names, read when a statement found a table missing (`_gone`):
+        only for a schema at this signoff's version (a schema gone, or older, is migrated by
+        opening it anew), and none when that cannot be read (the server down, say)."""
+        try:
+            async with asyncio.timeout(self.operation_timeout):
+                conn = await self._connect()
+                try:
+                    if await self._read_version(conn) != _schema.STORE_SCHEMA:
+                        return []
+                    return await _schema.names_missing(conn, self.schema)
+                finally:
+                    await conn.close()
+        except (psycopg.Error, StoreError, TimeoutError):
+            return []
 
     async def migrate(self) -> tuple[int, int]:
         """Bring the database's schema up to `STORE_SCHEMA`; returns (before, after). A schema

@@ -25,6 +25,7 @@ from .._prompt import is_prompt, wrote
 from ._borrowed import Borrowed, Pool
 from ._outage import Outage
 from ._proxy import SHARED, symptom
+from ._schema import STORE_SCHEMA
 from ._shared import shared
 
 __all__ = ["Conn", "Transactions", "failed"]
@@ -35,7 +36,7 @@ Conn = psycopg.AsyncConnection[TupleRow]
 
 class Transactions:
     """`_read` and `_write`, and what they use of `Connections`: the attributes its `__init__`
-    sets, and its `_get_pool` and `_forget` for type checkers."""
+    sets, and its `_get_pool`, `_forget` and `_lacking` for type checkers."""
 
     request_timeout: float
     operation_timeout: float
@@ -50,6 +51,8 @@ class Transactions:
         async def _get_pool(self) -> Pool: ...
 
         def _forget(self) -> None: ...
+
+        async def _lacking(self) -> list[str]: ...  # `Migrations._lacking`
 
     async def _read(self, body: Callable[[Conn], Awaitable[T]], what: str) -> T:
         """Run a read-only `body`; a lost connection is retried on a fresh one (`ATTEMPTS` in
@@ -77,7 +80,7 @@ class Transactions:
                     await self._after_loss(pool)
                     continue
                 if isinstance(exc, _MISSING):
-                    raise self._gone(what, exc) from exc
+                    raise await self._gone(what, exc) from exc
                 raise failed(f"{what} failed at {self._where}", exc) from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -91,12 +94,25 @@ class Transactions:
         busy_after = self.request_timeout if attempt == 0 and is_prompt() else None
         return Borrowed(pool, self._outage, busy_after, self.operation_timeout, fresh, beside)
 
-    def _gone(self, what: str, exc: psycopg.Error) -> StoreGone:
+    async def _gone(self, what: str, exc: psycopg.Error) -> StoreError:
         """The store's schema, or a table of it, was dropped under this process: what it knew of
-        its sessions is forgotten (a schema made anew reuses their row keys for others), and
-        only opening the store anew, where it is migrated again, mends it."""
+        its sessions is forgotten (a schema made anew reuses their row keys for others). A
+        schema gone or older is `StoreGone`: opening the store anew migrates it. One still at
+        this signoff's version that lacks a table is damaged: a restart makes nothing again, so
+        the `StoreError` says to restore it, naming what it lacks."""
         self._forget()
         detail = " ".join(str(exc).split())
+        lacking = await self._lacking()
+        if lacking:
+            names = (
+                lacking[0] if len(lacking) == 1 else f"{', '.join(lacking[:-1])} and {lacking[-1]}"
+            )
+            return StoreError(
+                f"{what}: the store's schema {self.schema!r} at {self._where} has schema version "
+                f"{STORE_SCHEMA} but lacks {names}, dropped outside signoff: the store is damaged "
+                f"({detail}). Nothing was written. Restore it from a backup; neither a restart "
+                "nor `signoff db upgrade` makes them again"
+            )
         return StoreGone(
             f"{what}: the store's schema {self.schema!r} at {self._where} is gone or incomplete "
             f"({detail}): dropped after this process opened it? Nothing was written. Restart the "
@@ -221,7 +237,7 @@ class Transactions:
                         f"request {request_id} is no longer pending", [request_id]
                     ) from None
                 if isinstance(exc, _MISSING):
-                    raise self._gone(what, exc) from exc
+                    raise await self._gone(what, exc) from exc
                 raise failed(f"{what} failed at {self._where}", exc) from exc
         raise StoreError(f"{what}: connection to {self._where} kept failing")
 
