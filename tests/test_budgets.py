@@ -1,9 +1,19 @@
-"""`budget_left` and `by_budget`: what a session may still spend, by budget."""
+"""`budget_left` and `by_budget`: what a session may still spend, by budget; and how far a
+`continue` raises the budgets (`continue_sizes`, `raised_to`)."""
 
 from __future__ import annotations
 
-from signoff import Usage
-from signoff._budgets import budget_left, by_budget
+import math
+
+from signoff import Limits, Usage
+from signoff._budgets import (
+    budget_left,
+    by_budget,
+    call_cap,
+    continue_sizes,
+    limit_question,
+    raised_to,
+)
 from signoff._state import SessionState, TurnState
 
 
@@ -48,3 +58,79 @@ def test_by_budget_counts_tokens_and_cost_as_each_budget_does() -> None:
         "max_cost_usd": 0.5,
     }
     assert by_budget(usage, []) == {}
+
+
+class _Priced:
+    """A model at `price_per_mtok` (input, output) USD a million tokens."""
+
+    def __init__(self, price: tuple[float, float] | None = None) -> None:
+        self.price_per_mtok = price
+
+
+def test_a_continue_raises_the_tokens_by_as_many_sizes_as_the_next_call_needs() -> None:
+    """A pasted document of 5,000 tokens under max_tokens=1000: the session spent 5010 and its
+    next call reads those 5,000 again. A `continue` raised it by one size: ten answers, each a
+    new prompt, before the model could run. Now one raises it to 11 sizes, the least that
+    leaves the next call an output token."""
+    state = _state(usage=Usage(input_tokens=5000, output_tokens=10))
+    limits, model = Limits(max_tokens=1000), _Priced()
+    assert continue_sizes(state, limits, model, 5000) == 10
+    assert raised_to(state, limits, 10) == "max_tokens raised to 11000"
+    state.limit_grants = 10
+    assert call_cap(state, limits, model, {}, 5000) == (990, False, 0)
+    state.limit_grants = 9  # one size fewer leaves no output token
+    assert call_cap(state, limits, model, {}, 5000)[0] == 0
+    state.limit_grants = 3  # raised three sizes before: seven more
+    assert continue_sizes(state, limits, model, 5000) == 7
+    # A reply cut at the budget counts with the request: it is spent too.
+    assert continue_sizes(state, limits, model, 5000, Usage(output_tokens=1000)) == 8
+
+
+def test_a_continue_raises_by_one_size_at_least() -> None:
+    """Spent past the budget by little, or asked for a subagent stopped on what this session's
+    budget left it (its own not spent): one size, as before."""
+    limits, model = Limits(max_tokens=100), _Priced()
+    assert continue_sizes(_state(usage=Usage(output_tokens=120)), limits, model, 0) == 1
+    assert continue_sizes(_state(usage=Usage(output_tokens=10)), limits, model, 0) == 1
+    assert continue_sizes(_state(), Limits(), model, 10**9) == 1  # no budget of its own
+
+
+def test_a_continue_raises_the_cost_budget_by_what_the_next_call_needs_too() -> None:
+    """$1 in and $10 out a million tokens, max_cost_usd=0.001: $0.00501 spent, the next call
+    reading 5,000 tokens ($0.005) and one output token ($0.00001) needs $0.01002: 11 sizes;
+    each budget is raised by the most either needs."""
+    state = _state(usage=Usage(input_tokens=5000, output_tokens=1, cost_usd=0.00501))
+    model = _Priced((1.0, 10.0))
+    limits = Limits(max_cost_usd=0.001)
+    assert continue_sizes(state, limits, model, 5000) == 10
+    state.limit_grants = 10
+    assert call_cap(state, limits, model, {}, 5000)[0] == 99  # $0.00099 of output
+    state.limit_grants = 0
+    both = Limits(max_tokens=100_000, max_cost_usd=0.001)
+    assert continue_sizes(state, both, model, 5000) == 10
+    assert raised_to(state, both, 10) == (
+        "max_tokens raised to 1100000 and max_cost_usd raised to 0.011"
+    )
+    free = _Priced((1.0, 0.0))  # free output: what is left need only be more than nothing
+    assert continue_sizes(state, limits, free, 5000) == 10
+
+
+def test_a_continue_raising_a_tiny_budget_stays_a_number() -> None:
+    """A budget of a millionth of a cent that a dollar was spent past: the sizes the next call
+    needs are counted in whole numbers, no further than 2**53, and what the budget becomes is
+    finite (no OverflowError in the question, nor in the budgets after)."""
+    state = _state(usage=Usage(cost_usd=1.0))
+    limits = Limits(max_cost_usd=1e-300)
+    sizes = continue_sizes(state, limits, _Priced((1.0, 10.0)), 10)
+    assert sizes == 2**53
+    assert math.isfinite(float(raised_to(state, limits, sizes).rpartition(" ")[2]))
+
+
+def test_the_question_says_what_a_continue_raises_the_budgets_to() -> None:
+    assert limit_question(
+        "the session used 5010 of max_tokens=1000", "max_tokens raised to 11000"
+    ) == (
+        "the session used 5010 of max_tokens=1000. Continue with max_tokens raised to 11000, "
+        "or stop?"
+    )
+    assert limit_question("spent", "") == "spent. Continue with a raised budget, or stop?"

@@ -119,7 +119,7 @@ def test_chat_asks_a_session_limit_prompt_before_requests_asked_earlier(url: str
         input="go\n1\ny\n",
     )
     assert chat.exit_code == 0, chat.output
-    limit = chat.output.index("Continue with a raised budget")
+    limit = chat.output.index("Continue with max_tokens raised to")
     approval = chat.output.index("Run issue_refund(")
     assert limit < approval
     assert "support: All done." in chat.output

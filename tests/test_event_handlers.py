@@ -312,3 +312,35 @@ def test_a_reply_that_did_not_read_a_message_leaves_the_turn_steered() -> None:
     state.apply(event(7, "model.completed", text="half then", usage={}))
     assert state.turn is not None and not state.turn.steered and state.turn.read_seq == 7
     assert "read_seq" not in state.to_snapshot()["turn"]  # as its reply's own: left out
+
+
+def test_a_continue_raises_the_budgets_by_its_requests_raise_by() -> None:
+    """A session-limit request records how many sizes its `continue` raises the budgets by
+    (`raise_by`), which its answer folds; one recorded without it (an older signoff's) raises
+    them by one; one that would raise them by none or by text is a malformed event."""
+    state, event = _delegating()
+
+    def ask(seq: int, **data: Any) -> Any:
+        request = so.InputRequest(
+            id=f"req_{seq}",
+            kind="session-limit",
+            session_id="ses_1",
+            turn_id="trn_1",
+            agent="a",
+            created_at=1.0,
+        )
+        return event(seq, "input.requested", requests=[request.model_dump(mode="json")], **data)
+
+    def go_on(seq: int, request_id: str) -> Any:
+        answered = {"answer": {"option_id": "continue"}}
+        return event(seq, "input.resolved", request_id=request_id, outcome="answered", **answered)
+
+    state.apply(ask(6, raise_by=10))
+    state.apply(go_on(7, "req_6"))
+    assert state.limit_grants == 10
+    state.apply(ask(8))
+    state.apply(go_on(9, "req_8"))
+    assert state.limit_grants == 11
+    for bad in (0, -3, "10", 2.5, True):
+        with pytest.raises(so.StoreError, match="raise_by"):
+            state.copy().apply(ask(10, raise_by=bad))

@@ -87,8 +87,8 @@ async def test_a_reply_cut_off_at_the_budget_asks_to_raise_it_and_is_never_used(
             assert ask.kind == "session-limit"
             assert ask.question == (
                 "the model's reply was cut off at the 90 output tokens left in the session's "
-                "budget: the session used 205 of max_tokens=200. Continue with a raised "
-                "budget, or stop?"
+                "budget: the session used 205 of max_tokens=200. Continue with max_tokens "
+                "raised to 400, or stop?"
             )
             assert "deliv" not in r.text
         async with so.Runtime([agent], store=store_url) as rt:  # a new process answers
@@ -310,7 +310,7 @@ async def test_a_cost_budget_caps_output_at_the_models_output_price(store_url: s
         [ask] = r.pending
         assert ask.question == (
             "not one output token was left in the session's budget: the session cost 0.0010 "
-            "of max_cost_usd=0.001. Continue with a raised budget, or stop?"
+            "of max_cost_usd=0.001. Continue with max_cost_usd raised to 0.002, or stop?"
         )
     assert model.caps == [100, 70]
 

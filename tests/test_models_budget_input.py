@@ -37,7 +37,7 @@ async def test_a_call_whose_input_alone_would_spend_the_budget_is_not_made(
         assert ask.question == (
             "the model's next call would read at least 80 input tokens (as many as its last "
             "call read), leaving not one output token in the session's budget: the session "
-            "used 85 of max_tokens=100. Continue with a raised budget, or stop?"
+            "used 85 of max_tokens=100. Continue with max_tokens raised to 200, or stop?"
         )
         assert (await rt.state(r.session_id)).usage.total_tokens == 85  # nothing counted twice
     async with so.Runtime([agent], store=store_url) as rt:  # another process answers

@@ -1,6 +1,7 @@
 """Session limits: a spent token or cost budget parks the turn on a `session-limit` request."""
 
 import asyncio
+import dataclasses
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -401,3 +402,86 @@ async def test_a_stop_the_turn_went_on_past_is_not_read_after_an_upgrade(
         lines = timeline([e async for e in rt.events(r.session_id, follow=False)])
     assert lines.count("model.completed") == 4
     assert "tool.completed refund ok" in lines
+
+
+def _pasted(first_in: int, then_in: int) -> so.Agent:
+    """An agent whose first call read `first_in` tokens (a pasted document) and called a tool,
+    and whose next reads `then_in` and answers."""
+    step = call_tools(call("lookup", n=1))
+    big = so.ModelResponse(
+        tool_calls=step.tool_calls, usage=so.Usage(input_tokens=first_in, output_tokens=10)
+    )
+    done = reply("done", usage=so.Usage(input_tokens=then_in, output_tokens=5))
+    return scripted_agent("a", [big, done], tools=[lookup], limits=so.Limits(max_tokens=1000))
+
+
+async def test_one_continue_raises_the_budget_as_far_as_the_next_call_needs(
+    store_url: str,
+) -> None:
+    """A call that read a pasted document of 5,000 tokens under max_tokens=1000 spent 5010,
+    and the next reads those 5,000 again. Each `continue` raised the budget by one size, which
+    let no model call happen: ten prompts (each a notification), ten answers, before the model
+    ran. Now the prompt says how far one raises it, to 11000 (what is spent and what the next
+    call reads, and an output token), and one `continue` runs the model. The raise is recorded
+    with the request (`raise_by`), so another process folds the same budget."""
+    async with so.Runtime([_pasted(5000, 5100)], store=store_url) as rt:
+        r = await rt.generate("a", prompt="a long pasted document ...", auth=ALICE)
+        [asked] = r.pending
+        assert asked.question == (
+            "the session used 5010 of max_tokens=1000. Continue with max_tokens raised to "
+            "11000, or stop?"
+        )
+        assert [(o.id, o.description) for o in asked.options] == [
+            ("continue", "Go on with max_tokens raised to 11000."),
+            ("stop", "End this turn here."),
+        ]
+    async with so.Runtime([_pasted(5000, 5100)], store=store_url) as rt:  # another process
+        answer = so.InputResponse(request_id=asked.id, option_id="continue")
+        r = await rt.respond(r.session_id, [answer], principal=ALICE)
+        assert (r.status, r.text, r.pending) == ("completed", "done", [])
+        assert (await rt.state(r.session_id)).limit_grants == 10
+        events = [e async for e in rt.events(r.session_id, follow=False)]
+    [requested] = [e for e in events if e.type == "input.requested"]
+    assert requested.data["raise_by"] == 10
+    assert [line for line in timeline(events) if line == "model.completed"] == [
+        "model.completed"
+    ] * 2
+
+
+def _one_size(*args: object) -> int:
+    """`continue_sizes` as a signoff before `raise_by` had it: one size, recorded by nothing."""
+    return 1
+
+
+async def test_an_older_stores_continue_raises_the_budget_by_one_size_as_it_did(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request an older signoff recorded has no `raise_by`: its `continue` folds, now as then,
+    to one size more, so a store's history replays to the budgets it had; the next model step
+    asks again, saying how far its own answer raises the budget, and one more `continue` runs
+    the model."""
+    with monkeypatch.context() as patched:
+        patched.setattr("signoff._model_step.continue_sizes", _one_size)
+        async with so.Runtime([_pasted(5000, 5100)], store=store_url) as rt:
+            r = await rt.generate("a", prompt="a long pasted document ...", auth=ALICE)
+            [older] = r.pending
+    async with so.Runtime([_pasted(5000, 5100)], store=store_url) as rt:
+        answer = so.InputResponse(request_id=older.id, option_id="continue")
+        r = await rt.respond(r.session_id, [answer], principal=ALICE)
+        assert (await rt.state(r.session_id)).limit_grants == 1
+        [asked] = r.pending
+        assert asked.question == (
+            "the session used 5010 of max_tokens=2000. Continue with max_tokens raised to "
+            "11000, or stop?"
+        )
+        answer = so.InputResponse(request_id=asked.id, option_id="continue")
+        r = await rt.respond(r.session_id, [answer], principal=ALICE)
+        assert (r.status, r.text) == ("completed", "done")
+        assert (await rt.state(r.session_id)).limit_grants == 10
+        events = await rt.store.read_events(r.session_id)
+    # Folded with no `raise_by` at all, as an older signoff recorded every request: one each.
+    then = so.SessionState(id=r.session_id)
+    for event in events:
+        data = {k: v for k, v in event.data.items() if k != "raise_by"}
+        then.apply(dataclasses.replace(event, data=data))
+    assert then.limit_grants == 2

@@ -59,6 +59,8 @@ DAMAGES: dict[str, Callable[[dict[str, Any]], None]] = {
     "limit grants text": _set(limit_grants="2"),
     "limit grants a fraction": _set(limit_grants=1.5),
     "a key text": _set(keys={"k": "ab"}),
+    "a request raising by none": lambda s: s["requests"][0].update(raise_by=0),
+    "a request raising by text": lambda s: s["requests"][0].update(raise_by="10"),
     "requests an object": _set(requests={}),
 }
 

@@ -24,6 +24,7 @@ from ._procs import query
 from .test_audit_verify_snapshots import _long_session, ops, ran
 from .test_journal_snapshots import put_snapshot, stored_snapshot
 from .test_quorum import BOB, CAROL, asked, deploy_agent, vote
+from .test_session_limits import _pasted
 from .test_snapshot_fields import write_snapshot
 
 
@@ -375,3 +376,35 @@ async def test_a_denied_mirrors_snapshot_of_fold_14_is_folded_again_with_its_vot
     async with so.Runtime(desk, store=store_url) as rt:  # this fold's: loaded as it is
         assert (await rt.state(r.session_id)).requests[mirror.id].request.approved_by == []
     assert ran == []
+
+
+async def test_a_continues_snapshot_of_fold_16_is_folded_again_with_its_raise(
+    store_url: str,
+) -> None:
+    """Fold 16 raised the budgets by one size a `continue`, though its request now records how
+    many it raises them by (`raise_by`, 10 here): a session whose snapshot is of that fold loads
+    from its events, with the ten sizes; the same snapshot recording this fold is what loads."""
+    async with so.Runtime([_pasted(5000, 5100)], store=store_url) as rt:
+        r = await rt.generate("a", prompt="a long pasted document ...", auth=ALICE)
+        [asked] = r.pending
+        answer = so.InputResponse(request_id=asked.id, option_id="continue")
+        r = await rt.respond(r.session_id, [answer], principal=ALICE)
+        events = await rt.store.read_events(r.session_id)
+    folded = so.SessionState(id=r.session_id)
+    for event in events:
+        folded.apply(event)
+    snapshot = folded.to_snapshot()
+    [entry] = snapshot["requests"]
+    assert (snapshot["limit_grants"], entry["raise_by"], FOLD_VERSION) == (10, 10, 17)
+    plain = {k: v for k, v in entry.items() if k != "raise_by"}
+    older = {**snapshot, "fold": 16, "limit_grants": 1, "requests": [plain]}
+    write_snapshot(store_url, r.session_id, older)
+    async with so.Runtime([_pasted(5000, 5100)], store=store_url) as rt:
+        state = await rt.state(r.session_id)
+        assert (state.seq, state.limit_grants) == (folded.seq, 10)
+        assert state.requests[asked.id].raise_by == 10
+        assert await rt.verify_audit() == []
+    write_snapshot(store_url, r.session_id, {**older, "fold": FOLD_VERSION})
+    async with so.Runtime([_pasted(5000, 5100)], store=store_url) as rt:  # this fold's: as is
+        state = await rt.state(r.session_id)
+        assert (state.limit_grants, state.requests[asked.id].raise_by) == (1, 1)

@@ -289,6 +289,52 @@ async def test_a_childs_spent_budget_is_asked_on_the_parent_and_raises_only_the_
     await rt.close()
 
 
+async def test_one_continue_on_the_parent_raises_the_childs_budget_as_far_as_it_needs(
+    tmp_path: Path,
+) -> None:
+    """The child (max_tokens=40) read 100 tokens and wrote 5; its next call reads those 100
+    again. The prompt, asked on the parent, says the child's budget goes to 240, what that call
+    needs, and one `continue` lets it answer (before, four `continue`s did nothing but ask
+    again); the parent's own budget is not raised."""
+
+    @so.tool
+    async def lookup(order_id: str) -> str:
+        """Look an order up."""
+        return "shipped"
+
+    read = so.Usage(input_tokens=100, output_tokens=5)
+    child = scripted_agent(
+        "orders",
+        [
+            call_tools(call("lookup", order_id="3"), usage=read),
+            reply("Order 3 shipped.", usage=so.Usage(input_tokens=110, output_tokens=5)),
+        ],
+        tools=[lookup],
+        limits=so.Limits(max_tokens=40),
+    )
+    after = Counted("It shipped.")
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("orders", message="where is 3?")), after],
+        tools=[so.delegate("orders")],
+        limits=so.Limits(max_tokens=1000),
+    )
+    rt = sqlite_runtime(tmp_path, parent, child)
+    r = await rt.generate("support", prompt="where is 3?", auth=ALICE)
+    [limit] = r.pending
+    assert limit.kind == "session-limit" and limit.source == "child"
+    assert limit.question == (
+        "the session used 105 of max_tokens=40. Continue with max_tokens raised to 240, or stop?"
+    )
+    done = await rt.send(r.session_id, "continue", principal=ALICE)
+    assert done.status == "completed" and after.calls == 1
+    assert tool_results(after.capture.last)[0].content == "Order 3 shipped."
+    assert limit.child is not None
+    assert (await rt.state(limit.child.session_id)).limit_grants == 5
+    assert (await rt.state(r.session_id)).limit_grants == 0
+    await rt.close()
+
+
 async def test_a_delegate_call_waits_for_a_child_driven_elsewhere(tmp_path: Path) -> None:
     """The child's request is answered directly and its approved tool is still running when
     the same answer comes through the parent: the parent's delegate call must wait for that

@@ -536,7 +536,7 @@ async def test_a_session_limit_prompt_is_shown_next_before_requests_asked_earlie
                 assert outcome is not None and outcome.outcome == "approved"
                 await hub.poll()
             assert [w.kind for w in sms.waiting][:2] == ["session-limit", "tool-approval"]
-            assert "Continue with a raised budget" in sms.sent[-1]
+            assert "Continue with max_tokens raised to 80, or stop?" in sms.sent[-1]
             outcome = await sms.reply("continue", BOB)
             assert outcome is not None and outcome.outcome == "answered"
             while sms.current is not None:

@@ -1,9 +1,11 @@
 """What a session may still spend: its own budgets and, in a turn its parent delegated, what
 the parent had left, as the engine checks them before each model call and a child records them;
-and the session-limit question asked when one is spent, with the `stop` that ends the turn."""
+and the session-limit question asked when one is spent, with how far its `continue` raises them
+and the `stop` that ends the turn."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -16,13 +18,15 @@ if TYPE_CHECKING:
     from .stores import Store
 
 __all__ = [
-    "LIMIT_ASKED",
-    "LIMIT_OPTIONS",
     "budget_left",
     "by_budget",
     "call_cap",
+    "continue_sizes",
+    "limit_options",
+    "limit_question",
     "own_left",
     "over_budget",
+    "raised_to",
     "spending",
     "stopped_at_limit",
 ]
@@ -53,11 +57,36 @@ def by_budget(usage: Usage, keys: Iterable[str]) -> dict[str, float]:
     return {k: usage.total_tokens if k == "max_tokens" else usage.cost_usd for k in keys}
 
 
-LIMIT_OPTIONS = [
-    Option(id="continue", label="Continue", description="Raise the budget by its size again."),
-    Option(id="stop", label="Stop", description="End this turn here."),
-]
-LIMIT_ASKED = ". Continue with a raised budget, or stop?"  # ends a session-limit request's question
+# A session-limit request's question is the problem, `_ASKED`, what `continue` raises the
+# budgets to (an older signoff's: "a raised budget") and `_OR_STOP`.
+_ASKED = ". Continue with "
+_OR_STOP = ", or stop?"
+
+_MOST_SIZES = 2**53
+"""The most sizes one `continue` raises a budget by: a budget so small that the next call needs
+more is raised that much (what it becomes stays a finite number), and asks again."""
+
+
+def limit_question(problem: str, raised: str) -> str:
+    """A session-limit request's question: what spent the budget, and what `continue` raises the
+    budgets to (`raised_to`)."""
+    return f"{problem}{_ASKED}{raised or 'a raised budget'}{_OR_STOP}"
+
+
+def limit_options(raised: str) -> list[Option]:
+    """A session-limit request's options, `continue` saying what it raises the budgets to."""
+    go_on = f"Go on with {raised}." if raised else "Raise the budget by its size again."
+    return [
+        Option(id="continue", label="Continue", description=go_on),
+        Option(id="stop", label="Stop", description="End this turn here."),
+    ]
+
+
+def _problem(question: str) -> str:
+    """What spent the budget, as a session-limit request's question (`limit_question`, or an
+    older signoff's) says it."""
+    head, asked, tail = question.rpartition(_ASKED)
+    return head if asked and tail.endswith(_OR_STOP) else question
 
 
 async def stopped_at_limit(s: SessionState, store: Store) -> str | None:
@@ -86,18 +115,64 @@ async def stopped_at_limit(s: SessionState, store: Store) -> str | None:
         rid = last.request.id
         if not any(e.seq <= s.seq and e.data.get("request_id") == rid for e in since):
             return None
-    return (last.request.question or "").removesuffix(LIMIT_ASKED) or "a session budget was spent"
+    return _problem(last.request.question or "") or "a session budget was spent"
 
 
 def own_left(s: SessionState, limits: Limits) -> dict[str, float]:
     """What the session's own budgets (raised by each `continue`) leave, by budget."""
-    times = 1 + s.limit_grants
-    bound = {
+    return spare(_bounds(limits, 1 + s.limit_grants), s.usage + s.delegated)
+
+
+def _bounds(limits: Limits, times: int) -> dict[str, float]:
+    """The session's own budgets, each `times` its size."""
+    return {
         k: v * times
         for k, v in (("max_tokens", limits.tokens_bound), ("max_cost_usd", limits.cost_bound))
         if v is not None
     }
-    return spare(bound, s.usage + s.delegated)
+
+
+def continue_sizes(
+    s: SessionState, limits: Limits, model: object, floor: int, more: Usage | None = None
+) -> int:
+    """How many of its sizes a `continue` raises each of the session's own budgets by: as many
+    as its next model call, reading at least `floor` input tokens, needs to be made (one output
+    token left, as `call_cap` holds its input back) once `more` is spent besides; one at least.
+    Decided when the person is asked and recorded with the request, never recomputed."""
+    spent = s.usage + s.delegated + (more or Usage())
+    least, price = input_price_floor(model) or 0.0, output_price(model)
+    reading = Usage(input_tokens=floor, cost_usd=floor * least)
+    times = 1
+    if limits.tokens_bound is not None:  # more than what is spent and read, by a token
+        times = max(times, -(-(spent.total_tokens + floor + 1) // limits.tokens_bound))
+    if limits.cost_bound is not None:  # what is spent and read, and one token's output
+        want = (spent.cost_usd + reading.cost_usd + (price or 0.0)) / limits.cost_bound
+        if not want < _MOST_SIZES:  # past it (or infinite): as many as one continue gives
+            times = max(times, _MOST_SIZES + 1 + s.limit_grants)
+        else:
+            times = max(times, math.floor(want) + 1 if price is None else math.ceil(want))
+    sizes = max(1, min(times - 1 - s.limit_grants, _MOST_SIZES))
+    # Rounding may leave a float a hair short: a size more, as `output_cap` counts it.
+    for _ in range(3):
+        room = output_cap(
+            spare(_bounds(limits, 1 + s.limit_grants + sizes), spent + reading), price
+        )
+        if room != 0 or sizes >= _MOST_SIZES:
+            break
+        sizes += 1
+    return sizes
+
+
+def raised_to(s: SessionState, limits: Limits, sizes: int) -> str:
+    """What a `continue` raising the session's own budgets by `sizes` of their sizes makes them,
+    in words ("max_tokens raised to 6000"); empty when it has none."""
+    times = 1 + s.limit_grants + sizes
+    out = []
+    if limits.tokens_bound is not None:
+        out.append(f"max_tokens raised to {limits.tokens_bound * times}")
+    if limits.cost_bound is not None:
+        out.append(f"max_cost_usd raised to {limits.cost_bound * times:g}")
+    return " and ".join(out)
 
 
 def call_cap(
@@ -124,8 +199,8 @@ def call_cap(
 def over_budget(
     s: SessionState, max_tokens: int | None, max_cost: float | None, more: Usage | None = None
 ) -> str | None:
-    """Which budget the session has spent (with `more` spent besides), each raised once per
-    `continue` answered: its own usage and what its delegate calls' children spent count alike."""
+    """Which budget the session has spent (with `more` spent besides), each raised by the
+    `continue`s answered: its own usage and what its delegate calls' children spent count alike."""
     return next((text for text, over in spending(s, max_tokens, max_cost, more) if over), None)
 
 

@@ -9,11 +9,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ._budgets import (
-    LIMIT_ASKED,
-    LIMIT_OPTIONS,
     call_cap,
+    continue_sizes,
+    limit_options,
+    limit_question,
     over_budget,
     own_left,
+    raised_to,
     spending,
     stopped_at_limit,
 )
@@ -336,15 +338,15 @@ class ModelStep(DriverPart):
             return {k: 0.0 for k in self.state.headroom if k in ("max_tokens", "max_cost_usd")}
         return theirs
 
-    def _input_floor(self, messages: list[Message]) -> int:
+    def _input_floor(self, messages: list[Message], read: int = 0) -> int:
         """The least number of input tokens a call sending `messages` reads: as many as the
-        session's last call read of what the conversation keeps (`context_tokens`), when these
-        hold everything that call was sent (the whole conversation, which only grows); else 0,
-        not known."""
+        session's last call read of what the conversation keeps (`context_tokens`; or `read`, a
+        refused reply's, when more), when these hold everything that call was sent (the whole
+        conversation, which only grows); else 0, not known."""
         conv = self.state.conversation
         if conv is None or conv.partial or len(messages) != len(conv.messages):
             return 0
-        return self.state.last_input_tokens
+        return max(self.state.last_input_tokens, read)
 
     async def _budget_cut(
         self,
@@ -430,9 +432,10 @@ class ModelStep(DriverPart):
     async def _session_limit(
         self, problem: str, *, usage: Usage | None = None, kept: int | None = None
     ) -> bool:
-        """A budget is spent: ask the person to continue (raising it) or stop (`_stopped`); with
-        nobody to ask, fail with `session_limit_reached`. `usage` is what a reply the budget cut
-        off cost, counted with the request (or the failure), and `kept` as `billing` says."""
+        """A budget is spent: ask the person to continue (raising it as far as the next model
+        call needs, `continue_sizes`) or stop (`stopped_at_limit`); with nobody to ask, fail with
+        `session_limit_reached`. `usage` is what a reply the budget cut off cost, counted with
+        the request (or the failure), and `kept` as `billing` says."""
         s = self.state
         turn = s.turn
         assert turn is not None
@@ -455,20 +458,31 @@ class ModelStep(DriverPart):
                 f"{problem}; nobody can raise the budget of this session", usage=usage, kept=kept
             )
             return True
+        # What `continue` raises the budgets by is decided now, and recorded (`raise_by`): as
+        # many sizes as the next model call needs, the input it reads held back as before it.
+        read = 0 if usage is None else usage.input_tokens if kept is None else kept
+        floor = self._input_floor(await self.window(), read)
+        paused = paused_parts(turn) if turn.paused else ()
+        if paused:
+            floor = max(floor, paused[-1].usage.input_tokens)
+        limits = self.agent.limits
+        sizes = continue_sizes(s, limits, self.agent.model, floor, usage)
+        raised = raised_to(s, limits, sizes)
         request = InputRequest(
             kind="session-limit",
             id=new_id("req"),
             session_id=s.id,
             turn_id=turn.id,
             agent=s.agent,
-            question=f"{problem}{LIMIT_ASKED}",
-            options=list(LIMIT_OPTIONS),
+            question=limit_question(problem, raised),
+            options=limit_options(raised),
             requested_by=principal,
             created_at=self.clock(),
             usage=s.usage if usage is None else s.usage + usage,
         )
         requested: dict[str, Any] = {
             "requests": [dump_request(request)],
+            **({"raise_by": sizes} if sizes != 1 else {}),
             **billing(usage, kept),
         }
         await self.record(

@@ -63,7 +63,7 @@ SNAPSHOT_VERSION = 2
 journals out (read back from the events); an older signoff refuses such a snapshot by its
 version. One of version 1 or before holds each journal whole, and still loads."""
 
-FOLD_VERSION = 16
+FOLD_VERSION = 17
 """Version of the fold (`SessionState.apply`) that made this signoff's snapshots (their `fold`; none
 is 1), raised whenever an event comes to fold otherwise: a session loads only from a snapshot of
 this fold (`of_this_fold`). 2: a failed turn cancelled after is not `retryable`. 3: a `tool.started`
@@ -86,7 +86,9 @@ approval settled holds every vote, the last one too (its settling's `approved_by
 of its subagent's request), as its stored row does. 15: a mirror closed unapproved (denied, expired)
 holds the votes its subagent's request counted, as its close records them (`approved_by`). 16: a
 passed TTL's record, and a delegated turn's cancel for one, are no activity (`keeps_activity`): the
-session's `updated_at` stays its last activity, its `expires_at` the record's time (`lapsed_at`)."""
+session's `updated_at` stays its last activity, its `expires_at` the record's time (`lapsed_at`).
+17: a session-limit request's `continue` raises the budgets by its `input.requested`'s `raise_by`
+sizes (as many as the next model call needed when it was asked), not always by one."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -136,7 +138,9 @@ class SessionState:
     # What the parent had spent then, by the same budgets: what it counts later, over this, its
     # other subagents spent since, and this child's share of the headroom is that much less.
     parent_spent: dict[str, float] = field(default_factory=dict)
-    limit_grants: int = 0  # `continue` answers to session-limit prompts: each raises budgets
+    # The sizes `continue` answers to session-limit prompts raised each budget by (each its
+    # request's `raise_by`): a budget is that many sizes more than its own.
+    limit_grants: int = 0
     # The newest idempotency keys recorded (`_idempotency`): key digest -> [digest of what it
     # asked, the turn its message was recorded in, or None while only its session is created].
     keys: dict[str, list[Any]] = field(default_factory=dict)
@@ -293,6 +297,7 @@ class SessionState:
                     "status": r.status,
                     "outcome": r.outcome,
                     "resolution": r.resolution,
+                    **({"raise_by": r.raise_by} if r.raise_by != 1 else {}),
                 }
                 for r in self.requests.values()
             ],
@@ -401,7 +406,11 @@ class SessionState:
             turn=turn,
             requests={
                 k: RequestState(
-                    request=r.request, status=r.status, outcome=r.outcome, resolution=r.resolution
+                    request=r.request,
+                    status=r.status,
+                    outcome=r.outcome,
+                    resolution=r.resolution,
+                    raise_by=r.raise_by,
                 )
                 for k, r in self.requests.items()
             },
@@ -516,6 +525,7 @@ class SessionState:
                     status=r["status"],
                     outcome=r["outcome"],
                     resolution=r["resolution"],
+                    raise_by=r.get("raise_by", 1),
                 )
                 for r in data["requests"]
             },

@@ -281,6 +281,13 @@ class RequestState:
     status: str = "pending"
     outcome: str | None = None
     resolution: dict[str, Any] | None = None
+    # A session-limit request's: how many of their sizes its `continue` raises the budgets by,
+    # decided when it was asked (its `input.requested`'s `raise_by`; an older signoff's, one).
+    raise_by: int = 1
+
+    def __post_init__(self) -> None:
+        if type(self.raise_by) is not int or self.raise_by < 1:  # it would take budget back
+            raise ValueError(f"a request's raise_by is {str(self.raise_by)[:40]}")
 
 
 @dataclass(slots=True, kw_only=True)
