@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel, Secret, SecretBytes, SecretStr, ValidationError
 from pydantic_core import PydanticSerializationError
 
-from ._input_sets import sets_alike
+from ._input_sets import python_dump, sets_alike
 from ._tool_json import holds_mask, is_mask, own_input
 from ._tools import Tool
 from ._types import Action, input_hash
@@ -171,7 +171,7 @@ def _filled(raw: Any, form: Any) -> tuple[Any, bool]:
 def _secrets(validated: BaseModel) -> list[Any]:
     """The values of the secrets in validated input, in the order its fields are walked."""
     found: list[Any] = []
-    stack: list[Any] = [validated.model_dump()]
+    stack: list[Any] = [python_dump(validated)]
     seen: set[int] = set()  # a container walked once: one inside itself looped for ever
     while stack:
         value = stack.pop()

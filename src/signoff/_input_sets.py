@@ -1,6 +1,7 @@
-"""Sets in a tool's validated input: whether its model may make one at all, its JSON form
-(which a reviewer approves and an approval binds) with each set sorted, as a set's own order is
-another in each process (hash randomization), and whether a form bound shows the same sets."""
+"""Sets in a tool's validated input: whether its model may make one at all, its Python dump
+where a set's items dump to dicts, its JSON form (which a reviewer approves and an approval
+binds) with each set sorted, as a set's own order is another in each process (hash
+randomization), and whether a form bound shows the same sets."""
 
 from __future__ import annotations
 
@@ -18,7 +19,85 @@ from ._core_schema import may_make
 from ._json_keys import in_order
 from ._types import same_json
 
-__all__ = ["as_set", "json_key", "may_hold_sets", "sets_alike", "sets_sorted"]
+__all__ = [
+    "SetItems",
+    "as_set",
+    "json_key",
+    "may_hold_sets",
+    "python_dump",
+    "sets_alike",
+    "sets_sorted",
+]
+
+
+class SetItems(list[Any]):
+    """A set in a Python dump (`python_dump`) whose items dump to what no set holds (dicts):
+    its items' dumps, in the set's own order."""
+
+
+def python_dump(validated: BaseModel, *, by_alias: bool | None = None, include: Any = None) -> Any:
+    """`validated.model_dump(by_alias=..., include=...)`; where pydantic cannot make it, as a
+    set's items dump to dicts (a set of frozen models or dataclasses: `TypeError`, unhashable),
+    each such set as a `SetItems` of its items' dumps, every other field dumped as pydantic
+    dumps it. Checks of validated input read this dump (`unwritable`, a secret's mask), and
+    `sets_sorted` where the schema declares sets: failing, they refused every call of a tool
+    whose input pydantic validates."""
+    try:
+        return validated.model_dump(by_alias=by_alias, include=include)
+    except TypeError as exc:
+        if not _unhashable(exc):
+            raise
+    if isinstance(validated, RootModel):
+        return _dumped(validated.root, by_alias)
+    cls = type(validated)
+    extra = list(validated.__pydantic_extra__ or {})
+    names = [*cls.__pydantic_fields__, *extra, *cls.__pydantic_computed_fields__]
+    dumped: dict[Any, Any] = {}
+    for name in names if include is None else [n for n in names if n in include]:
+        try:  # {} for a field left out of its dump (excluded)
+            dumped.update(validated.model_dump(by_alias=by_alias, include={name}))
+        except TypeError as exc:
+            if not _unhashable(exc):
+                raise
+            info = cls.__pydantic_fields__.get(name)
+            aliased = cls.model_config.get("serialize_by_alias") if by_alias is None else by_alias
+            key = (info.serialization_alias or name) if aliased and info is not None else name
+            dumped[key] = _dumped(getattr(validated, name), by_alias)
+    return dumped
+
+
+def _dumped(value: Any, by_alias: bool | None) -> Any:
+    """`value`, a part of validated input whose dump pydantic cannot make, dumped: a set as a
+    `SetItems`, a model by `python_dump`, a dataclass, list, tuple or dict by its parts."""
+    if isinstance(value, BaseModel):
+        return python_dump(value, by_alias=by_alias)
+    if isinstance(value, set | frozenset):
+        return SetItems(_dumped(item, by_alias) for item in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        own = getattr(type(value), "__pydantic_serializer__", None)  # a pydantic dataclass's
+        try:
+            return own.to_python(value, by_alias=by_alias) if own else _fields(value, by_alias)
+        except TypeError as exc:
+            if not _unhashable(exc):
+                raise
+            return _fields(value, by_alias)
+    if isinstance(value, dict):
+        return {key: _dumped(item, by_alias) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        items = [_dumped(item, by_alias) for item in value]
+        return items if isinstance(value, list) else tuple(items)
+    return value
+
+
+def _unhashable(exc: TypeError) -> bool:
+    """Whether pydantic failed to put a dumped item in a set (Python's "unhashable type"), not
+    a serializer of the tool's failing on its own, which is raised as it was."""
+    return "unhashable type" in str(exc)
+
+
+def _fields(value: Any, by_alias: bool | None) -> dict[str, Any]:
+    """A dataclass's fields dumped (`_dumped`), by name."""
+    return {f.name: _dumped(getattr(value, f.name), by_alias) for f in dataclasses.fields(value)}
 
 
 def sets_sorted(value: Any, dumped: Any, form: Any) -> Any:
@@ -53,7 +132,7 @@ def sets_sorted(value: Any, dumped: Any, form: Any) -> Any:
             sets_sorted(v, d, f) if isinstance(f, dict | list) else f
             for v, d, f in zip(vs, ds, form, strict=True)
         ]
-    if isinstance(dumped, set | frozenset):
+    if isinstance(dumped, set | frozenset | SetItems):
         return sorted(form, key=_set_order)
     return in_order(form) if held and _seeded(value) else form
 

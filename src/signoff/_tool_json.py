@@ -16,7 +16,7 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from ._events import FITS_BITS, check_digits, dumps
 from ._exceptions import UsageError
-from ._input_sets import as_set, json_key
+from ._input_sets import as_set, json_key, python_dump
 from ._json_keys import as_json_keys, check_keys, key_not_text
 from ._text import cut
 from ._types import same_json
@@ -75,7 +75,7 @@ def holds_mask(validated: BaseModel) -> bool:
     """Whether validated input holds a secret whose value is its mask: what a reviewer's form
     gives back for a secret, which a tool must not be run with."""
     seen: set[int] = set()  # a container walked once: one inside itself looped for ever
-    stack: list[Any] = [validated.model_dump()]
+    stack: list[Any] = [python_dump(validated)]
     while stack:
         value = stack.pop()
         if isinstance(value, SecretStr | SecretBytes | Secret):

@@ -24,7 +24,8 @@ from ._input_schema import (
     give_arrays_items,
     short_repr,
 )
-from ._input_sets import may_hold_sets, sets_sorted
+from ._input_sets import may_hold_sets, python_dump, sets_sorted
+from ._raw_input import raw_copy, shares_raw
 from ._response import DEFAULT_RESPONSE_TIMEOUT, ApprovalSpec, ResponsePolicy
 from ._sync import called_off_loop, failure, is_async
 from ._tool_context import ToolContext
@@ -141,6 +142,7 @@ class Tool:
         # whether its validated input may hold one (`may_hold_sets`)
         self._lazy: bool | None = None
         self._iterating: bool | None = None  # whether code may put an iterator in its input
+        self._shares: bool | None = None  # whether code may see or keep its raw input's objects
         # Whether its model asks for strictness (which error to tell of input both modes refuse).
         self._strict = asks_strict(self.input_model.__pydantic_core_schema__)
         # A workflow tool may ask people things; approvals of its siblings wait for it.
@@ -169,9 +171,11 @@ class Tool:
                 self.input_model.__name__,
                 [{"type": "json_invalid", "loc": (), "input": raw, "ctx": {"error": _UNREAD}}],
             )
+        if self._shares is None:
+            self._shares = shares_raw(self.input_model.__pydantic_core_schema__)
         try:
-            validated = _validated(self.input_model, raw, self._strict)
-            dumped = validated.model_dump()
+            validated = _validated(self.input_model, raw, self._strict, self._shares)
+            dumped = python_dump(validated)
         except ValidationError:
             raise
         except BaseException as raised:
@@ -233,7 +237,7 @@ class Tool:
         declared, held = self._sets
         if not (declared or held):
             return form
-        dumped = validated.model_dump(by_alias=True) if declared else None  # as forms were
+        dumped = python_dump(validated, by_alias=True) if declared else None  # as forms were
         return sets_sorted(validated, dumped, form)  # type: ignore[no-any-return]
 
     @property
@@ -293,7 +297,9 @@ class Tool:
         return jsonable(await called_off_loop(self.fn, *args, **kwargs))
 
 
-def _validated(model: type[BaseModel], raw: dict[str, Any], strict: bool) -> BaseModel:
+def _validated(
+    model: type[BaseModel], raw: dict[str, Any], strict: bool, shares: bool
+) -> BaseModel:
     """`raw` (a model's arguments, a reviewer's edit, a form: JSON each) validated as Python, as
     a tool's input always was, so a lax tool gets what it got (`str | UUID` the text sent, a
     validator's `info.mode` "python"). A strict model (`strict` True) that refuses it is tried
@@ -302,11 +308,14 @@ def _validated(model: type[BaseModel], raw: dict[str, Any], strict: bool) -> Bas
     from JSON (`InstanceOf[...]`: `asks_strict` says both); when both fail, the JSON error is
     raised, as its Python error names fields sent right ("an instance of"). Any other model is
     not tried again: JSON gives it nothing Python refuses, and its validators ran twice on input
-    it refused."""
+    it refused. Where code may see or keep the objects of `raw` (`shares`: `shares_raw`), it is
+    given a copy: a validator changing them in place changed the call's input, which a body's
+    re-run, an approval's check and the model's next request got, and the log did not."""
+    given = raw_copy(raw) if shares else raw
     if not strict:
-        return model.model_validate(raw)
+        return model.model_validate(given)
     try:
-        return model.model_validate(raw)
+        return model.model_validate(given)
     except ValidationError as as_python:
         failed = as_python
     try:
@@ -449,7 +458,7 @@ def _check_defaults(model: type[BaseModel], name: str) -> None:
         except Exception as exc:  # a validator raising other than ValueError: pydantic passes it
             problem = f"{type(exc).__name__}: {exc}"
         else:
-            found = _unwritable_default(blank.model_dump(include={field}))
+            found = _unwritable_default(python_dump(blank, include={field}))
             if found is None:
                 continue
             problem = found
