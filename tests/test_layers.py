@@ -11,7 +11,7 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "signoff"
 # Lowest first. A unit is a private module or a subpackage; a subpackage's modules import each
 # other freely. Imports under `if TYPE_CHECKING:` are annotations only and do not count.
 LAYERS: list[set[str]] = [
-    {"_text", "_core_schema"},
+    {"_text", "_core_schema", "_plain_json"},
     {"_exceptions", "_types", "_error_text", "_logs", "_form_fields", "_raw_input"},
     {"_trace_content", "_trace_resumes", "_option_names", "_span_errors", "_refused_replies"},
     {

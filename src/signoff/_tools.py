@@ -25,6 +25,7 @@ from ._input_schema import (
     short_repr,
 )
 from ._input_sets import may_hold_sets, python_dump, sets_sorted
+from ._plain_json import plainly_written
 from ._raw_input import raw_copy, shares_raw
 from ._response import DEFAULT_RESPONSE_TIMEOUT, ApprovalSpec, ResponsePolicy
 from ._sync import called_off_loop, failure, is_async
@@ -197,6 +198,8 @@ class Tool:
                     }
                 ],
             ) from None
+        if plainly_written(dumped):
+            return validated
         bad = unwritable(dumped)
         if bad is not None:
             loc, value = bad
