@@ -6,7 +6,10 @@ up to the snapshot and names a snapshot that differs, or that cannot be read or 
 
 from typing import Any
 
+import pytest
+
 import signoff as so
+from signoff.stores._audit import AUDITED_STORED
 from signoff.testing import call, call_tools, reply, scripted_agent
 
 from ._audit import ALICE, alter
@@ -244,3 +247,22 @@ async def test_an_event_deleted_after_the_snapshot_is_named_as_a_gap(store_url: 
             assert problem.reason.startswith(
                 f"the snapshot at event {seq} cannot be checked: its events do not fold: "
             )
+
+
+@pytest.mark.timeout(60)
+async def test_the_event_a_snapshot_was_taken_after_deleted_is_named_not_folded_for_ever(
+    store_url: str,
+) -> None:
+    """The event at the snapshot's seq deleted (one the trail does not audit): the fold of the
+    log up to it read the event after it, past the snapshot, applied nothing and read the same
+    page again for ever (verify_audit hung, on SQLite never yielding). It is named now."""
+    sid, seq, last = await _long_session(store_url)
+    ((sk,),) = query(store_url, "SELECT sk FROM {t}sessions WHERE id={p}", sid)
+    ((kind,),) = query(store_url, "SELECT type FROM {t}events WHERE sk={p} AND seq={p}", sk, seq)
+    assert kind not in AUDITED_STORED, kind  # else its chain names it first
+    alter(store_url, "DELETE FROM {t}events WHERE sk={p} AND seq={p}", sk, seq)
+    async with so.Runtime([ops()], store=store_url) as rt:
+        for problems in (await rt.verify_audit(), await rt.verify_audit(sid)):
+            [problem] = problems
+            assert (problem.id, problem.stream, problem.n) == (last.id, sid, last.n)
+            assert problem.reason.startswith(f"the snapshot at event {seq} "), problem.reason

@@ -80,15 +80,16 @@ async def _fold(store: Store, session_id: str, upto: int) -> SessionState:
     the runtime folds them, the conversation left out (a snapshot holds none)."""
     state = SessionState(id=session_id, conversation=None)
     while state.seq < upto:
+        before = state.seq
         events = await store.read_events(
             session_id, after=state.seq, limit=PAGE, max_bytes=PAGE_BYTES
         )
-        if not events:
-            break
         for event in events:
             if event.seq > upto:
                 break
             state.apply(event)
+        if state.seq == before:  # none left, or the next is past `upto` (the one there deleted):
+            break  # read again, the same page came back for ever
     return state
 
 
