@@ -143,6 +143,24 @@ async def test_a_change_of_any_rule_of_an_approval_is_recorded(tmp_path: Path) -
         assert await rt.verify_audit() == []
 
 
+async def test_a_deadline_change_too_small_for_six_digits_is_recorded(tmp_path: Path) -> None:
+    """A deadline was recorded to six significant digits: 1,000,000 s made 1,000,004 s was no
+    entry (both "1e+06 s"), nor 3,600 s made 3,600.0000001 s. Each is now an entry, written
+    short where that reads back as the same number, as before."""
+    url = f"sqlite:///{tmp_path}/a.db"
+    said: list[str] = []
+    for seconds in (1_000_000, 1_000_004, 1_000_000.4, 3600, 3600.0000001, 3600):
+        tool = so.tool(approval=so.always(expires_in=seconds))(wipe.fn)
+        async with so.Runtime(
+            [scripted_agent("support", [reply("hi")], tools=[tool])], store=url
+        ) as rt:
+            said = [e.data["new"] for e in await rt.audit(stream="tools:support.wipe")]
+    assert said == [
+        f"Always [expires in {text} s]"
+        for text in ("1e+06", "1000004", "1000000.4", "3600", "3600.0000001", "3600")
+    ]
+
+
 def _large(input: Any) -> bool:
     return bool(input.disk == "sda")
 

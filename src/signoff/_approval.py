@@ -136,6 +136,13 @@ OnTimeout = Literal["deny", "approve", "escalate"]
 _MOST_APPROVERS = 2**63 - 1
 
 
+def _seconds(value: float) -> str:
+    """A deadline's seconds as the audit trail records them: short (`3600`, `1.5`) where that
+    reads back as the same number, else whole (`1000004`, not `1e+06`): each change is one."""
+    short = f"{value:g}"
+    return short if float(short) == value else repr(value)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RequestRules:
     """How a person's approval is gathered: quorum, eligibility and deadline."""
@@ -158,7 +165,7 @@ class RequestRules:
         if not self.distinct:
             said.append("one person's approvals count each")
         if self.expires_in is not None:
-            said.append(f"expires in {self.expires_in:g} s")
+            said.append(f"expires in {_seconds(self.expires_in)} s")
         if self.on_timeout != "deny":
             said.append(f"on timeout {self.on_timeout}")
         if self.escalate_to is not None:
