@@ -201,6 +201,15 @@ class RuntimeMachine(RuleBasedStateMachine):
                 assert result.text.endswith("results") or result.text in ("nothing to do", "noted")
             self.sessions[sid].status = "idle" if result.status == "completed" else "cancelled"
 
+    def took_sent(self, sid: str, result: so.GenerateResult) -> None:
+        """Fold a `send`'s result, which is its message's turn (README), then, when its drive
+        went on past that turn to one a queued message started, that turn as it stands."""
+        self.took(sid, result)
+        now = self.run(self.rt.state(sid)).turn
+        if now is not None and now.id != result.turn_id:
+            assert result.status in ("completed", "cancelled"), result  # over, before that one
+            self.took(sid, self.run(self.rt.generate(session_id=sid)))
+
     # -- rules ------------------------------------------------------------------------------
 
     plans = st.lists(st.sampled_from(TOOLS), max_size=3)
@@ -256,7 +265,7 @@ class RuntimeMachine(RuleBasedStateMachine):
             assert result.outcomes == []
             for req in self.pending_of(sid):  # steered: nothing pending survives it
                 req.outcome = "ignored" if req.kind == "tool-approval" else "cancelled"
-        self.took(sid, result)
+        self.took_sent(sid, result)
 
     @precondition(lambda self: any(r.outcome is None for r in self.requests.values()))
     @rule(i=st.integers(0, 99), plan=plans)
@@ -269,7 +278,7 @@ class RuntimeMachine(RuleBasedStateMachine):
         for req in self.pending_of(sid):
             req.outcome = "ignored" if req.kind == "tool-approval" else "cancelled"
         self.sessions[sid].plans.append(plan)
-        self.took(sid, result)
+        self.took_sent(sid, result)
 
     @precondition(lambda self: any(r.outcome is None for r in self.requests.values()))
     @rule(

@@ -1,8 +1,7 @@
 """Keys of messages still in the queue or in the session's current turn that newer keys pushed
 out of the state (it keeps the last `KEPT`): found in the session's log, so a repeat of such a
 message replays instead of being queued twice or steering its own turn again. The log is read
-only when the key is not in the state and the state is full (some keys were dropped). And
-whether a message still waits in the queue (`still_queued`)."""
+only when the key is not in the state and the state is full (some keys were dropped)."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from ._state import SessionState
 from ._types import Principal
 from .stores import Store
 
-__all__ = ["queued_here", "sent_before", "still_queued"]
+__all__ = ["queued_here", "sent_before"]
 
 
 _PAGE = 500
@@ -24,18 +23,6 @@ _PAGE = 500
 def queued_here(state: SessionState, idem: Keyed) -> bool:
     """Whether a message the state no longer keeps the key of waits in the queue with it."""
     return idem[0] not in state.keys and any(q.get("idem") == idem[0] for q in state.queued)
-
-
-def still_queued(
-    queue: list[dict[str, Any]], message: str, who: dict[str, Any] | None, idem: Keyed | None
-) -> bool:
-    """Whether `message` (sent by `who`) still waits in `queue`, after the turns that took the
-    messages ahead of it."""
-    for waiting in queue:
-        if waiting.get("message") == message and waiting.get("principal") == who:
-            if idem is None or waiting.get("idem") == idem[0]:
-                return True  # an equal message sent with another key may wait ahead of it
-    return False
 
 
 async def sent_before(

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal, NamedTuple
 
-from ._answering import Answering
 from ._answers import Reply, check_principal, check_unambiguous, names_several
 from ._answers import check_text as _check_text
 from ._answers import match as _match
@@ -15,7 +14,7 @@ from ._call_guards import closes_stop
 from ._cancellation import stop_calls
 from ._candidates import RECOVERY_GRACE
 from ._counts import refused_only
-from ._dropped_keys import queued_here, sent_before, still_queued
+from ._dropped_keys import sent_before
 from ._eligibility import check_policy_present
 from ._exceptions import (
     ConflictingAnswer,
@@ -33,16 +32,15 @@ from ._idempotency import (
     before,
     free_for,
     keyed,
-    records,
     seen,
-    session_for,
-    turn_of,
 )
 from ._key_commits import unchanged
 from ._key_forms import as_recorded, held_as, looked_for
+from ._message_places import InTurn, Went, queued_last
+from ._message_results import MessageResults
 from ._mirror_keys import keep_late, keep_vote_key, keeping, mirrored_keys, voted_through
 from ._mirrors import following_mirrors, named_as_answered
-from ._recording import Answered, Changed, EventSpec, TurnStopped, load_turn
+from ._recording import Answered, Changed, EventSpec, TurnStopped
 from ._refusals import wait_ended
 from ._response import DEFAULT_RESPONSE_TIMEOUT
 from ._results import GenerateResult
@@ -61,8 +59,8 @@ def first_open(pending: list[InputRequest]) -> InputRequest | None:
     return sorted(pending, key=lambda r: r.kind != "session-limit")[0] if pending else None
 
 
-class Messages(Answering):
-    """`Answering` plus the follow-up messages that answer, steer or queue."""
+class Messages(MessageResults):
+    """`MessageResults` plus the follow-up messages that answer, steer or queue."""
 
     @closes_stop
     @following_mirrors
@@ -95,6 +93,9 @@ class Messages(Answering):
         the person it serves starts the next turn past it.
         A deny its sender may not give (four eyes excludes the requester) steers as well; an
         approve they may not give is `NotAllowed`.
+        A message that answers nothing returns its own turn (the one it started or steered, or
+        that took it from the queue), as the drive left it, not one the drive went on to; while
+        it still waits in the queue, the turn it waits behind (`queued`).
         With an `idempotency_key`, a message sent again with the same key (by the same
         `principal`) is not delivered again: the call returns the turn the message went to, as
         it stands (`replayed`, see `_replay`), or raises `IdempotencyKeyReused` if the key came
@@ -208,8 +209,8 @@ class Messages(Answering):
                         self._cache.pop(session_id, None)
                         raise
                     self._remember(driver.state)
-                    return await self._drive_after(session_id, message, principal, idem)
-                own: list[str] = []  # the turn it started, if it did not queue behind one
+                    return await self._drive_after(session_id, queued_last(driver.state))
+                went: list[Went] = []  # the turn it started, or its place in the queue
                 try:
                     started = await self._start_turn(
                         session_id,
@@ -217,7 +218,7 @@ class Messages(Answering):
                         principal,
                         idem=idem,
                         queue=turn_policy == "queue",
-                        own=own,
+                        went=went,
                     )
                     if not started:
                         return await self._replay(session_id, idem)
@@ -227,12 +228,9 @@ class Messages(Answering):
                     if now is not None and (turn is None or now.id != turn.id):
                         continue  # another message started a turn first: steer or queue on it
                     raise
-                if not state.queued:
-                    # the turn is this message's
-                    return await self._drive(session_id, own=own[0] if own else None)
-                # Behind messages a turn a retry could resume left waiting, this one may be
-                # queued too.
-                return await self._drive_after(session_id, message, principal, idem)
+                # The turn is this message's, or, behind messages a turn a retry could resume
+                # left waiting, it may be queued too.
+                return await self._drive_after(session_id, went[0])
             pending = state.pending_requests()
             serves = turn.principal
             same_person = serves is None or (principal is not None and principal.same_as(serves))
@@ -298,7 +296,7 @@ class Messages(Answering):
                     # A passed deadline (this call's record, or an earlier read's) closed the
                     # approval, or a cancelled drive left the turn: the call drives it on, as
                     # an answer would, and the message waits behind it.
-                    return await self._drive_after(session_id, message, principal, idem)
+                    return await self._drive_after(session_id, queued_last(driver.state))
                 return dataclasses.replace(self._result(driver.state), queued=True)
             try:
                 return await self._steer(state, message, who, idem)
@@ -456,22 +454,15 @@ class Messages(Answering):
             return first
         return first if await self._may_answer(first, principal) else None
 
-    async def _drive_after(
-        self, session_id: str, message: str, principal: Principal | None, idem: Keyed | None
-    ) -> GenerateResult:
-        """Drive the session after `message` started a turn or joined the queue, saying
-        whether it still waits there (behind a turn that waits in its turn)."""
-        result = await self._drive(session_id)
-        waiting = (await self._state(session_id)).queued
-        who = None if principal is None else principal.model_dump()
-        return dataclasses.replace(result, queued=still_queued(waiting, message, who, idem))
-
     async def _steer(
         self, state: SessionState, message: str, who: dict[str, Any] | None, idem: Keyed | None
     ) -> GenerateResult:
-        """Withdraw what the turn waits on and put the message in front of the model. A mirror's
-        withdrawal keeps the keys its subagent's session recorded for messages sent through it
-        (`keeping`), and those it recorded meanwhile (`keep_late`)."""
+        """Withdraw what the turn waits on and put the message in front of the model, then drive
+        it: the call is told that turn, not one queued behind it. A mirror's withdrawal keeps
+        the keys its subagent's session recorded for messages sent through it (`keeping`), and
+        those it recorded meanwhile (`keep_late`)."""
+        steered = state.turn
+        assert steered is not None  # a message steers only a turn
         pending = state.pending_requests()
         voted = await mirrored_keys(self, pending)
         specs: list[Any] = []
@@ -513,60 +504,7 @@ class Messages(Answering):
         stop_calls(self._abort_of(state.id))
         self._remember(driver.state)
         await keep_late(self, state.id, pending, voted)
-        return await self._drive(state.id)
-
-    async def _replay(self, session_id: str, idem: Keyed | None) -> GenerateResult:
-        """What a call repeated with its idempotency key returns: the result of the turn its
-        message started, steered, answered in or was taken from the queue by, as it stands (the
-        session's turn driven as a first call would have, left to its process if one runs it;
-        once the session's TTL passed, as it was left). A message still in the queue gets what
-        its first call got: the turn it waits behind; a key recorded before signoff kept its
-        turn, the session as it stands."""
-        state = await self._state(session_id)
-        expired = False
-        if state.expired(self.now()):
-            try:
-                state = await self._checked(session_id)  # its expiry recorded, if not yet
-            except SessionExpired:
-                expired = True
-                state = await self._state(session_id)
-        at = None if idem is None else turn_of(state.keys, idem) or await self._first(state, idem)
-        if at is not None and (state.turn is None or state.turn.id != at[0]):
-            result = await self._earlier(state, *at)
-        elif expired:
-            result = self._result(state)
-        else:
-            result = await self._drive(session_id)
-            if idem is not None and result.turn_id != (None if at is None else at[0]):
-                state = await self._state(session_id)  # a turn took it, or one followed it
-                at = turn_of(state.keys, idem) or at
-                if at is not None and at[0] != result.turn_id:
-                    result = await self._earlier(state, *at)
-        # A key whose message waits in the queue went to no turn yet (`_turn_message`).
-        # (Or, its key pushed out of the state by newer ones, waits there all the same.)
-        waits = idem is not None and (
-            state.keys.get(idem[0], [])[1:3] == ["", None] or queued_here(state, idem)
-        )
-        return dataclasses.replace(result, replayed=True, queued=waits)
-
-    async def _first(self, state: SessionState, idem: Keyed) -> tuple[str, int] | None:
-        """The first turn of a session its key created, when newer keys pushed the key out of
-        the state: the turn that event 2 starts, if it recorded the key."""
-        if idem[0] in state.keys or state.id != session_for(idem):
-            return None
-        second = await self.store.read_events(state.id, after=1, limit=1)
-        if not second or second[0].type != "turn.started" or second[0].turn_id is None:
-            return None
-        if not records(second[0].data.get("idem"), idem):
-            return None
-        return second[0].turn_id, second[0].seq
-
-    async def _earlier(self, state: SessionState, turn_id: str, first_seq: int) -> GenerateResult:
-        """The result of a turn other than the session's current one, from its events; its
-        requests still open are the ones pending now."""
-        result = self._result(await load_turn(self.store, state.id, turn_id, first_seq))
-        open_now = {r.id for r in state.pending_requests()}
-        return dataclasses.replace(result, pending=[r for r in result.pending if r.id in open_now])
+        return await self._drive_after(state.id, InTurn(steered.id, steered.first_seq))
 
 
 class _Judged(NamedTuple):

@@ -1,0 +1,94 @@
+"""What a follow-up message's call is told (`MessageResults`): the turn its message went to
+(started, steered or was taken from the queue by), as its first call drove it (`_drive_after`)
+or as a call repeated with its idempotency key finds it (`_replay`), never another person's
+turn the drive went on to, or one it drove first."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ._answering import Answering
+from ._dropped_keys import queued_here
+from ._exceptions import SessionExpired
+from ._idempotency import Keyed, records, session_for, turn_of
+from ._message_places import InTurn, Went, turn_taking
+from ._recording import load_turn
+from ._results import GenerateResult
+from ._state import SessionState
+
+__all__ = ["MessageResults"]
+
+
+class MessageResults(Answering):
+    """`Answering` plus the results of the calls that send follow-up messages."""
+
+    async def _drive_after(self, session_id: str, went: Went) -> GenerateResult:
+        """Drive the session after a message went to `went` (started or steered a turn, or
+        joined the queue), then tell the call its message's turn: the one it started or steered,
+        or took it from the queue, as it stands, not a turn left undriven ahead of it (which may
+        end cancelled or failed) nor one the drive went on to past it. While the message still
+        waits in the queue, the turn it waits behind, with `queued`."""
+        own = went.turn_id if isinstance(went, InTurn) else None
+        result = await self._drive(session_id, own=own)
+        at = await turn_taking(self.store, session_id, went)
+        if at is not None and result.turn_id == at.turn_id:
+            return dataclasses.replace(result, queued=False)
+        state = await self._state(session_id)
+        current = None if state.turn is None else state.turn.id
+        if at is None or at.turn_id == current:
+            told = result if result.turn_id == current else self._result(state)
+            return dataclasses.replace(told, queued=at is None)
+        return await self._earlier(state, *at)
+
+    async def _replay(self, session_id: str, idem: Keyed | None) -> GenerateResult:
+        """What a call repeated with its idempotency key returns: the result of the turn its
+        message started, steered, answered in or was taken from the queue by, as it stands (the
+        session's turn driven as a first call would have, left to its process if one runs it;
+        once the session's TTL passed, as it was left). A message still in the queue gets what
+        its first call got: the turn it waits behind; a key recorded before signoff kept its
+        turn, the session as it stands."""
+        state = await self._state(session_id)
+        expired = False
+        if state.expired(self.now()):
+            try:
+                state = await self._checked(session_id)  # its expiry recorded, if not yet
+            except SessionExpired:
+                expired = True
+                state = await self._state(session_id)
+        at = None if idem is None else turn_of(state.keys, idem) or await self._first(state, idem)
+        if at is not None and (state.turn is None or state.turn.id != at[0]):
+            result = await self._earlier(state, *at)
+        elif expired:
+            result = self._result(state)
+        else:
+            result = await self._drive(session_id)
+            if idem is not None and result.turn_id != (None if at is None else at[0]):
+                state = await self._state(session_id)  # a turn took it, or one followed it
+                at = turn_of(state.keys, idem) or at
+                if at is not None and at[0] != result.turn_id:
+                    result = await self._earlier(state, *at)
+        # A key whose message waits in the queue went to no turn yet (`_turn_message`).
+        # (Or, its key pushed out of the state by newer ones, waits there all the same.)
+        waits = idem is not None and (
+            state.keys.get(idem[0], [])[1:3] == ["", None] or queued_here(state, idem)
+        )
+        return dataclasses.replace(result, replayed=True, queued=waits)
+
+    async def _first(self, state: SessionState, idem: Keyed) -> tuple[str, int] | None:
+        """The first turn of a session its key created, when newer keys pushed the key out of
+        the state: the turn that event 2 starts, if it recorded the key."""
+        if idem[0] in state.keys or state.id != session_for(idem):
+            return None
+        second = await self.store.read_events(state.id, after=1, limit=1)
+        if not second or second[0].type != "turn.started" or second[0].turn_id is None:
+            return None
+        if not records(second[0].data.get("idem"), idem):
+            return None
+        return second[0].turn_id, second[0].seq
+
+    async def _earlier(self, state: SessionState, turn_id: str, first_seq: int) -> GenerateResult:
+        """The result of a turn other than the session's current one, from its events; its
+        requests still open are the ones pending now."""
+        result = self._result(await load_turn(self.store, state.id, turn_id, first_seq))
+        open_now = {r.id for r in state.pending_requests()}
+        return dataclasses.replace(result, pending=[r for r in result.pending if r.id in open_now])

@@ -1,0 +1,223 @@
+"""What a `send` is told: the turn its message went to (the one it started, steered or was
+taken from the queue by), never a turn its drive went on to past it (another person's, queued
+behind it) or began with (one left undriven, which may end cancelled or failed), and `queued`
+only while the message still waits; its repeat with the same key is told the same turn. Run on
+both stores."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+import signoff as so
+from signoff.models import ModelRequest
+from signoff.server import TokenAuth, create_app
+from signoff.testing import call, call_tools
+
+from .test_server_common import ALICE, BOB, TOKENS, auth
+
+CAROL = so.Principal(authenticator="token", principal_id="carol")
+
+
+class Model:
+    """Answers `re: <the last user message>`; `refund 1042` calls `refund`, and `hello` calls
+    `lookup` where the agent has it. Its first call hangs (`hang`: the test cancels the drive,
+    leaving the turn running with no drive holding it), or waits for `gate` (`hold` 1); the
+    call numbered `hold` waits for `gate`."""
+
+    def __init__(self, *, hang: bool = True, hold: int = 2, lookup: bool = False) -> None:
+        self.calls = 0
+        self.hang, self.hold, self.lookup = hang, hold, lookup
+        self.entered, self.held, self.gate = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def complete(self, request: ModelRequest) -> so.ModelResponse:
+        self.calls += 1
+        n = self.calls
+        last = [m for m in request.messages if m.kind == "user"][-1].text
+        self.entered.set()
+        if n == 1 and self.hang:
+            await asyncio.sleep(3600)
+        if n == self.hold:
+            self.held.set()
+            await self.gate.wait()
+        if last == "refund 1042":
+            return call_tools(call("refund", call_id=f"c{n}", order_id="1042"))
+        if last == "hello" and self.lookup:
+            return call_tools(call("lookup", call_id=f"c{n}", q="x"))
+        return so.ModelResponse(text=f"re: {last}", usage=so.Usage())
+
+
+@so.tool(approval=so.always())
+async def refund(order_id: str) -> str:
+    """Refund an order."""
+    return "refunded " + order_id
+
+
+@so.tool
+async def lookup(q: str) -> str:
+    """Look something up."""
+    return "found " + q
+
+
+def desk(model: Model, limits: so.Limits | None = None) -> so.Agent:
+    tools = [refund, lookup]
+    if limits is None:
+        return so.Agent(name="desk", model=model, tools=tools)
+    return so.Agent(name="desk", model=model, tools=tools, limits=limits)
+
+
+async def left_undriven(rt: so.Runtime, model: Model) -> str:
+    """A session whose turn (Alice's `hello`) runs with no drive holding it: its caller gave up
+    on it while the model answered."""
+    sid = await rt.create_session("desk", auth=ALICE)
+    drive = asyncio.create_task(rt.generate(session_id=sid, prompt="hello", auth=ALICE))
+    await asyncio.wait_for(model.entered.wait(), 10)
+    drive.cancel()
+    await asyncio.wait({drive})
+    assert (await rt.state(sid)).status == "running"
+    return sid
+
+
+async def turns(rt: so.Runtime, session_id: str) -> dict[str, str]:
+    """The message that started each turn of the session, by turn id."""
+    return {
+        e.turn_id or "": e.data["message"]
+        async for e in rt.events(session_id, follow=False)
+        if e.type == "turn.started"
+    }
+
+
+async def steered(rt: so.Runtime, session_id: str, message: str) -> bool:
+    """Whether `message` was recorded steering the session's turn."""
+    async for e in rt.events(session_id, follow=False):
+        if e.type == "turn.message" and e.data["message"] == message:
+            return not e.data.get("queued")
+    return False
+
+
+@pytest.mark.parametrize("key", [None, "kb"])
+async def test_a_send_driving_a_turn_left_undriven_is_told_its_own_turn(
+    store_url: str, key: str | None
+) -> None:
+    """Bob's `queue` message drives Alice's turn left undriven; Carol's waits behind his
+    meanwhile. His call was told Carol's answer (and its keyed repeat his own): it is told his
+    own turn, and so is the repeat."""
+    model = Model()
+    async with so.Runtime([desk(model)], store=store_url) as rt:
+        sid = await left_undriven(rt, model)
+        bob = asyncio.create_task(
+            rt.send(sid, "bob here", principal=BOB, turn_policy="queue", idempotency_key=key)
+        )
+        await asyncio.wait_for(model.held.wait(), 10)
+        carol = await rt.send(sid, "carol here", principal=CAROL, turn_policy="queue")
+        assert carol.queued
+        model.gate.set()
+        b = await asyncio.wait_for(bob, 10)
+        by_turn = await turns(rt, sid)
+        assert (b.status, b.text, b.queued) == ("completed", "re: bob here", False)
+        assert by_turn[b.turn_id or ""] == "bob here"
+        state = await rt.state(sid)
+        assert state.turn is not None and state.turn.text == "re: carol here"
+        if key is not None:
+            again = await rt.send(
+                sid, "bob here", principal=BOB, turn_policy="queue", idempotency_key=key
+            )
+            assert (again.turn_id, again.text, again.replayed) == (b.turn_id, b.text, True)
+
+
+@pytest.mark.parametrize("how", ["failed", "cancelled"])
+async def test_a_send_is_not_told_the_undriven_turn_it_drove_first(
+    store_url: str, how: str
+) -> None:
+    """Alice's turn left undriven fails for good under the drive of Bob's `queue` message (its
+    step limit), or she cancels it meanwhile; his own turn then completes. His call was told
+    her turn, `failed` or `cancelled`: it is told his own."""
+    model = Model(lookup=how == "failed")
+    agent = desk(model, limits=so.Limits(max_steps=1)) if how == "failed" else desk(model)
+    async with so.Runtime([agent], store=store_url) as rt:
+        sid = await left_undriven(rt, model)
+        bob = asyncio.create_task(rt.send(sid, "bob here", principal=BOB, turn_policy="queue"))
+        await asyncio.wait_for(model.held.wait(), 10)
+        if how == "cancelled":
+            assert (await rt.cancel(sid, "never mind", principal=ALICE)).cancelled
+        model.gate.set()
+        b = await asyncio.wait_for(bob, 10)
+        assert (b.status, b.text, b.queued) == ("completed", "re: bob here", False)
+        state = await rt.state(sid)
+        assert state.turn is not None and state.turn.id == b.turn_id
+        assert (await turns(rt, sid))[b.turn_id or ""] == "bob here"
+
+
+async def test_a_send_whose_message_left_the_queue_is_not_said_to_wait(store_url: str) -> None:
+    """Bob's `queue` message drives Alice's turn left undriven; the same words of his wait
+    behind it meanwhile. His first message's turn then waits on an approval, the second still
+    queued: the first call was said to wait in the queue too (an equal message does); it is
+    told its turn, waiting, and the second's call that it waits."""
+    model = Model()
+    async with so.Runtime([desk(model)], store=store_url) as rt:
+        sid = await left_undriven(rt, model)
+        first = asyncio.create_task(rt.send(sid, "refund 1042", principal=BOB, turn_policy="queue"))
+        await asyncio.wait_for(model.held.wait(), 10)
+        second = await rt.send(sid, "refund 1042", principal=BOB, turn_policy="queue")
+        assert second.queued
+        model.gate.set()
+        b = await asyncio.wait_for(first, 10)
+        assert (b.status, b.queued) == ("waiting", False)
+        assert [r.tool_name for r in b.pending] == ["refund"]
+        state = await rt.state(sid)
+        assert state.turn is not None and state.turn.id == b.turn_id
+        assert [q["message"] for q in state.queued] == ["refund 1042"]
+
+
+@pytest.mark.parametrize("how", ["python", "keyed", "http"])
+async def test_a_steer_is_told_the_turn_it_steered_not_the_next_persons(
+    store_url: str, how: str
+) -> None:
+    """Alice steers her running turn while Bob's message waits behind it, and his turn then
+    waits on a refund's approval. Her steer was told his turn, with his approval pending (and
+    her keyed repeat her own): it is told the turn it steered, over HTTP too, and so is the
+    repeat."""
+    model = Model(hang=False, hold=1)
+    runtime = so.Runtime([desk(model)], store=store_url)
+    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://t", headers=auth("alice-token")
+        ) as c,
+    ):
+        gen = asyncio.create_task(runtime.generate("desk", "hello", auth=ALICE))
+        await asyncio.wait_for(model.held.wait(), 10)
+        [session] = await runtime.sessions()
+        sid = session.id
+        b = await runtime.send(sid, "refund 1042", principal=BOB, turn_policy="queue")
+        assert b.queued
+        key = "ka" if how == "keyed" else None
+        said = "also, my address changed"
+
+        async def steer() -> tuple[str | None, str, list[str]]:
+            if how == "http":
+                r = await c.post(f"/v1/sessions/{sid}/messages", json={"text": said})
+                assert r.status_code == 200, r.text
+                got = r.json()
+                return got["turn_id"], got["text"], [p["id"] for p in got["pending"]]
+            a = await runtime.send(sid, said, principal=ALICE, idempotency_key=key)
+            return a.turn_id, a.text, [p.id for p in a.pending]
+
+        steering = asyncio.create_task(steer())
+        while not await steered(runtime, sid, said):
+            await asyncio.sleep(0.01)
+        model.gate.set()
+        g = await asyncio.wait_for(gen, 10)
+        told = await asyncio.wait_for(steering, 10)
+        assert g.text == "re: hello\n\nre: also, my address changed"
+        assert told == (g.turn_id, g.text, [])
+        state = await runtime.state(sid)
+        assert state.turn is not None and state.turn.id != g.turn_id
+        assert [r.tool_name for r in state.pending_requests()] == ["refund"]
+        if key is not None:
+            again = await runtime.send(sid, said, principal=ALICE, idempotency_key=key)
+            assert (again.turn_id, again.text, again.replayed) == (g.turn_id, g.text, True)
+    await runtime.close()
