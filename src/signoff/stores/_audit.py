@@ -35,6 +35,7 @@ __all__ = [
     "entry_type",
     "int_time_hash",
     "loaded_data",
+    "numbered_on",
     "stored_snapshot",
 ]
 
@@ -72,6 +73,17 @@ class AuditRow:
 DAMAGED = -1
 """An entry's `n` or `seq` as read where the store holds no whole number (SQLite keeps what a
 hand edit puts in a column): no entry has it, so verification names that entry and goes on."""
+
+
+def numbered_on(page: Sequence[tuple[int, object]], past: int) -> bool:
+    """Whether a page of one stream's entries, `(id, n)` each, read by `n` past its entry `past`,
+    numbers them on from it one by one with their ids rising, as a stream holds them unless a
+    hand edit moved an `n` (made it text, which SQLite sorts after every number, or another
+    number): the entry moved is then missing from such a read, which must be read by id."""
+    ids = [i for i, _ in page]
+    return [n if type(n) is int else None for _, n in page] == list(
+        range(past + 1, past + 1 + len(page))
+    ) and all(a < b for a, b in zip(ids, ids[1:], strict=False))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -14,6 +14,7 @@ from .._audit import (
     entry_stream,
     entry_type,
     loaded_data,
+    numbered_on,
     stored_snapshot,
 )
 from ._connections import Conn, Connections, storable
@@ -58,7 +59,7 @@ class AuditReads(Connections):
                 "WHERE a.id>%s AND a.n>0"
             )
             params: list[Any] = [after_id]
-            order = "a.id"
+            past = sk = None
             if upto_id is not None:
                 sql += " AND a.id<=%s"
                 params.append(upto_id)
@@ -73,10 +74,6 @@ class AuditReads(Connections):
                     # last entry's `n`: by id, a page read the rest of the stream, or of the
                     # trail, for its LIMIT, each page of a long stream longer.
                     past = await _stream_place(conn, s, after_id, sk, stream)
-                    if past is not None:
-                        sql += " AND a.n>%s"
-                        params.append(past)
-                        order = "a.n"
             if sessions is not None:
                 # Their keys first: a plan for an unknown list of ids scans every entry.
                 cur = await conn.execute(
@@ -87,9 +84,17 @@ class AuditReads(Connections):
                 params.append([int(sk) for (sk,) in await cur.fetchall()])
             if others:
                 sql += " AND x.sk IS NULL"  # of no session row: another stream's
-            sql += f" ORDER BY {order} LIMIT %s"
-            params.append(limit)
-            cur = await conn.execute(sql, params)
+            rows = None
+            if past is not None and stream is not None:
+                cur = await conn.execute(
+                    f"{sql} AND a.n>%s ORDER BY a.n LIMIT %s", [*params, past, limit]
+                )
+                rows = await cur.fetchall()
+                if not await _in_place(conn, s, rows, past, limit, sk, stream):
+                    rows = None  # an `n` a hand edit moved: this page by id, as all are read
+            if rows is None:
+                cur = await conn.execute(f"{sql} ORDER BY a.id LIMIT %s", [*params, limit])
+                rows = await cur.fetchall()
             return [
                 AuditEntry(
                     id=int(i),
@@ -102,7 +107,7 @@ class AuditReads(Connections):
                     prev=None if prev is None else bytes(prev).hex(),
                     hash=bytes(h).hex(),
                 )
-                for i, st, n, t, at, seq, ask, own, ev, prev, h, *earlier in await cur.fetchall()
+                for i, st, n, t, at, seq, ask, own, ev, prev, h, *earlier in rows
             ]
 
         return await self._read(body, "reading the audit trail")
@@ -237,3 +242,28 @@ async def _stream_place(
         return None
     mine = row[1] == sk if sk is not None else row[1] is None and row[2] == stream
     return int(row[0]) if mine else None
+
+
+async def _in_place(
+    conn: Conn,
+    s: str,
+    rows: Sequence[Sequence[Any]],
+    past: int,
+    limit: int,
+    sk: int | None,
+    stream: str,
+) -> bool:
+    """Whether `rows`, a page of the stream read by `n` past its entry numbered `past`, are its
+    next entries by id too: numbered on one by one (`numbered_on`), and a last page ending at
+    the head its session row or head row keeps (a last entry renumbered below `past`
+    is in no page read by `n`)."""
+    if not numbered_on([(int(r[0]), r[2]) for r in rows], past):
+        return False
+    if len(rows) == limit:
+        return True
+    if sk is not None:
+        cur = await conn.execute(f"SELECT audit_n FROM {s}.sessions WHERE sk = %s", [sk])
+    else:
+        cur = await conn.execute(f"SELECT seq FROM {s}.audit WHERE stream = %s AND n = 0", [stream])
+    head = await cur.fetchone()
+    return head is not None and head[0] == past + len(rows)

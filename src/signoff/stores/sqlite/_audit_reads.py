@@ -17,6 +17,7 @@ from .._audit import (
     entry_stream,
     entry_type,
     loaded_data,
+    numbered_on,
     stored_snapshot,
 )
 from ._connection import Connection
@@ -57,7 +58,7 @@ class AuditReads(Connection):
             "WHERE a.id>? AND a.n>0"
         )
         params: list[Any] = [after_id]
-        order = "a.id"
+        past = sk = None
         if upto_id is not None:
             sql += " AND a.id<=?"
             params.append(upto_id)
@@ -70,10 +71,6 @@ class AuditReads(Connection):
                 # id, each page read and sorted the whole rest of the stream (100,000 entries
                 # read page by page took 9.6 s). Past an entry of it, from that entry's `n`.
                 past = self._stream_place(after_id, sk, stream)
-                if past is not None:
-                    sql += " AND a.n>?"
-                    params.append(past)
-                    order = "a.n"
         if sessions is not None:
             sql += (
                 " AND a.sk IS NOT NULL AND a.sk IN (SELECT sk FROM sessions WHERE id IN "
@@ -82,10 +79,20 @@ class AuditReads(Connection):
             params += sessions
         if others:
             sql += " AND s.sk IS NULL"  # no session row: another stream's, or its row is gone
-        sql += f" ORDER BY {order} LIMIT ?"
-        params.append(limit)
+        rows = None
+        if past is not None and stream is not None:
+            rows = self.conn.execute(
+                f"{sql} AND a.n>? ORDER BY a.n LIMIT ?", [*params, past, limit]
+            ).fetchall()
+            if not self._in_place(rows, past, limit, sk, stream):
+                # An `n` a hand edit left out of its place (text, which sorts after every
+                # number, skipped the next page past it): this page is read by id, in the
+                # order of the whole trail's reads, which name that entry in its place.
+                rows = None
+        if rows is None:
+            rows = self.conn.execute(f"{sql} ORDER BY a.id LIMIT ?", [*params, limit]).fetchall()
         entries = []
-        for i, st, n, t, at, seq, d, prev, h, *earlier in self.conn.execute(sql, params):
+        for i, st, n, t, at, seq, d, prev, h, *earlier in rows:
             entries.append(
                 AuditEntry(
                     id=i,
@@ -113,6 +120,25 @@ class AuditReads(Connection):
             return None
         mine = row[1] == sk if sk is not None else row[1] is None and row[2] == stream
         return row[0] if mine else None
+
+    def _in_place(
+        self, rows: Sequence[Sequence[Any]], past: int, limit: int, sk: int | None, stream: str
+    ) -> bool:
+        """Whether `rows`, a page of the stream read by `n` past its entry numbered `past`, are
+        its next entries by id too: numbered on one by one (`numbered_on`), and a last page
+        ending at the head its session row or head row keeps (a last entry renumbered below
+        `past`, as to 0.5, is in no page read by `n`)."""
+        if not numbered_on([(r[0], r[2]) for r in rows], past):
+            return False
+        if len(rows) == limit:
+            return True
+        if sk is not None:
+            head = self.conn.execute("SELECT audit_n FROM sessions WHERE sk=?", (sk,)).fetchone()
+        else:
+            head = self.conn.execute(
+                "SELECT seq FROM audit WHERE stream=? AND n=0", (stream,)
+            ).fetchone()
+        return head is not None and head[0] == past + len(rows)
 
     @reading
     async def audit_window(self, *, after_id: int = 0, limit: int = 1000) -> int | None:
