@@ -314,3 +314,64 @@ async def test_a_server_refuses_an_answer_through_a_delegate_tool_gone(
     from signoff._wire import error as as_raised
 
     assert type(as_raised({"code": "unknown_tool", "message": "m"}, 422)) is so.UnknownTool
+
+
+def _replaced(ran: list[dict[str, Any]], after: Counted, plain: list[str]) -> so.Agent:
+    """The support agent after a deploy made `billing` a plain tool of the same name."""
+
+    @so.tool(name="billing")
+    async def billing(message: str) -> str:
+        """Bill directly."""
+        plain.append(message)
+        return "billed"
+
+    return scripted_agent(
+        "support",
+        [call_tools(call("billing", call_id="d1", message="Refund order 1042")), after],
+        tools=[billing],
+    )
+
+
+async def test_a_delegate_tool_made_a_plain_tool_of_its_name_is_gone_for_its_call(
+    store_url: str,
+) -> None:
+    """A deploy kept the name but made it a plain tool: the answer through the parent was
+    accepted, the plain body ran against the call's journal (a ReplayError the model read), the
+    approved refund never ran and the child was left live and uncounted. The answer is
+    `UnknownTool` now, and a drive of the parent ends the call unrun, the child cancelled and
+    counted, the plain body never run."""
+    r, mirror, ran, after, _, child = await _parked(store_url)
+    plain: list[str] = []
+    parent = _replaced(ran, after, plain)
+    assert mirror.child is not None
+    kid_id = mirror.child.session_id
+    async with so.Runtime([parent, child], store=store_url) as rt:
+        before = await store_contents(rt.store, r.session_id)
+        with pytest.raises(so.UnknownTool, match="no longer has it as a delegate tool"):
+            await _answering_the_mirror("respond", rt, r.session_id, mirror.id)
+        assert await store_contents(rt.store, r.session_id) == before
+        done = await asyncio.wait_for(rt.send(r.session_id, "never mind", principal=ALICE), 30)
+        assert done.status == "completed"
+        [result] = tool_results(after.capture.last)
+        gone = "tool 'billing' is no longer the delegate tool this call started"
+        assert result.is_error and result.content == {"error": gone}
+        kid = await rt.state(kid_id)
+        assert kid.turn is not None and kid.turn.status == "cancelled"
+        state = await rt.state(r.session_id)
+        assert state.delegated == await _spent(rt, kid_id) != so.Usage()
+    assert plain == [] and ran == []
+
+
+async def test_who_may_not_answer_is_refused_as_such_before_a_gone_tool_is_told(
+    store_url: str,
+) -> None:
+    """Someone who may not answer the child's request was told `unknown_tool`, with the child's
+    session and request ids, instead of `NotAllowed`: who may answer is checked first."""
+    r, mirror, *_, parent, child = await _parked(store_url)
+    bob = so.Principal(authenticator="okta", principal_id="bob")
+    async with so.Runtime([parent, child], store=store_url) as rt:
+        approve = so.InputResponse(request_id=mirror.id, option_id="approve")
+        with pytest.raises(so.NotAllowed):
+            await rt.respond(r.session_id, [approve], principal=bob)
+        with pytest.raises(so.UnknownTool):
+            await rt.respond(r.session_id, [approve], principal=ALICE)

@@ -49,6 +49,7 @@ from ._response import ResponseVerdict
 from ._results import GenerateResult, Outcome
 from ._settings import flag
 from ._state import SessionState
+from ._subagents import delegate_tools
 from ._text import is_utf8
 from ._tools import Tool
 from ._types import MAX_ANSWERS, InputRequest, InputResponse, Principal, Usage
@@ -251,8 +252,18 @@ class Answering(EditChecks):
             # Its turn goes on only where its agent is: refused first, nothing stored (an answer
             # to a mirror too, settled in the subagent's session before its parent is driven).
             agent = self.agent(state.agent)
-            # And so only where its agent still has the delegate tool a mirror's call ran.
-            check_delegate_tools(state, agent.tools, answers)
+            # And so only where its agent still has the delegate tool a mirror's call ran: told
+            # only to who may answer (others are refused below, as `not_allowed`), and not by an
+            # agent standing in for one the process lacks (the command line's), whose tools are
+            # not the real one's.
+            if not getattr(agent.model, "stand_in", False):
+                asked = [
+                    reply
+                    for reply in answers
+                    if (live := state.requests.get(reply.request_id)) is not None
+                    and await self._may_answer(live.request, principal)
+                ]
+                check_delegate_tools(state, delegate_tools(agent.tools), asked)
             if only_approvals:  # before routing: a mirror has the kind of the child's request
                 for reply in answers:  # told only to who may answer it: others are refused below
                     live = state.requests.get(reply.request_id)

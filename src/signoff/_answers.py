@@ -215,13 +215,14 @@ def check_decided(request: InputRequest) -> None:
 
 
 def check_delegate_tools(
-    state: SessionState, tools: Iterable[str], answers: Iterable[Reply]
+    state: SessionState, delegates: Iterable[str], answers: Iterable[Reply]
 ) -> None:
     """`UnknownTool` for an answer to one of the session's open mirrors whose delegate call's
-    tool its agent (with `tools`) lost since the call started (a deploy renamed or removed it):
-    nothing would drive the subagent on to take its result, and the parent's drive cancels the
-    subagent's turn, the answer dropped. Refused first instead, nothing recorded."""
-    known = list(tools)
+    tool is no longer one of its agent's delegate tools (`delegates`) since the call started (a
+    deploy renamed or removed it, or made it a plain tool): nothing would drive the subagent on
+    to take its result, and the parent's drive cancels the subagent's turn, the answer dropped.
+    Refused first instead, nothing recorded."""
+    known = list(delegates)
     turn = state.turn
     for answer in answers:
         live = state.requests.get(answer.request_id)
@@ -235,7 +236,8 @@ def check_delegate_tools(
         raise UnknownTool(
             f"unknown tool {call.tool_name!r}: request {answer.request_id} was asked for "
             f"delegate call {call.id} of session {state.id!r}, whose agent {state.agent!r} no "
-            f"longer has that tool (it has: {has}): nothing would go on with the call, so the "
+            f"longer has it as a delegate tool (its delegate tools: {has}): nothing would go on "
+            "with the call, so the "
             f"answer would not be acted on; answer {ref.agent}'s request {ref.request_id} in "
             f"its session {ref.session_id!r} directly, or cancel session {state.id!r}"
         )

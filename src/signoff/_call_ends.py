@@ -27,7 +27,7 @@ from ._recording import (
     tool_result,
 )
 from ._state import CallState
-from ._subagents import STEERED
+from ._subagents import STEERED, is_delegate
 from ._sync import to_end
 from ._text import cut
 from ._tool_json import jsonable, over_limit, recorded_bound, result_bound
@@ -204,6 +204,25 @@ class CallEnds(DriverPart):
                 wrapped["approval"] = approval  # the reason given for approving reaches the model
             result = wrapped
         await self.end_call(key, journal, [tool_result(call, "ok", result)])
+
+    def unknown_tool(self, name: str) -> dict[str, Any]:
+        """The result of a call of a tool the agent does not have."""
+        known = ", ".join(self.agent.tools) or "none"
+        # Cut: the model reads the result on every later call, and a name it made up has no bound
+        # but the response's.
+        return {"error": f"unknown tool {cut(name, 100)!r}; available: {known}"}
+
+    def gone(self, call: CallState, tool: Tool | None) -> dict[str, Any] | None:
+        """The result of `call` if its tool is gone from the agent since it started (a deploy
+        removed or renamed it), or is no longer the delegate tool whose child it journaled (a
+        plain tool of its name now: run, its body would meet the child's step, a ReplayError,
+        the child's approved work never done); None if it may run."""
+        if tool is None:
+            return self.unknown_tool(call.tool_name)
+        if call.subagents() and not is_delegate(tool):
+            name = cut(call.tool_name, 100)
+            return {"error": f"tool {name!r} is no longer the delegate tool this call started"}
+        return None
 
     async def end_unrun(self, call: CallState, error: dict[str, Any]) -> None:
         """Record `error` as the result of `call`, ended without its tool run (gone from the

@@ -56,6 +56,8 @@ __all__ = [
     "RuntimeHost",
     "SubagentFailed",
     "delegate",
+    "delegate_tools",
+    "is_delegate",
     "missing_targets",
     "sweep_orphans",
     "unpriced_delegates",
@@ -128,6 +130,16 @@ def delegate(agent: str, *, name: str | None = None, description: str | None = N
     tool = Tool(run, name=tool_name, description=about, workflow=True)
     _targets[tool] = agent
     return tool
+
+
+def is_delegate(tool: Tool) -> bool:
+    """Whether `tool` is one `delegate()` made, whose calls each run a child session's turn."""
+    return tool in _targets
+
+
+def delegate_tools(tools: Mapping[str, Tool]) -> list[str]:
+    """The names of the delegate tools among an agent's `tools`."""
+    return [name for name, tool in tools.items() if is_delegate(tool)]
 
 
 def unpriced_delegates(agents: Mapping[str, Agent]) -> str | None:

@@ -79,7 +79,7 @@ class ToolCalls(CallEnds):
         for call in calls:
             tool = self.agent.tools.get(call.tool_name)
             if tool is None:
-                results.append(tool_result(call, "error", self._unknown_tool(call.tool_name)))
+                results.append(tool_result(call, "error", self.unknown_tool(call.tool_name)))
                 continue
             try:
                 validated = tool.validate(call.input)
@@ -215,12 +215,6 @@ class ToolCalls(CallEnds):
             self.deferred.update(held_back)
         return len(requests) + len(results) + len(to_run)
 
-    def _unknown_tool(self, name: str) -> dict[str, Any]:
-        known = ", ".join(self.agent.tools) or "none"
-        # Cut: the model reads the result on every later call, and a name it made up has no bound
-        # but the response's.
-        return {"error": f"unknown tool {cut(name, 100)!r}; available: {known}"}
-
     def _approval_request(
         self, call: CallState, tool: Tool, validated: BaseModel, verdict: Verdict, usage: Usage
     ) -> InputRequest:
@@ -295,8 +289,9 @@ class ToolCalls(CallEnds):
             await self.record([tool_result(call, "decided", decided)])
             return
         tool = self.agent.tools.get(call.tool_name)
-        if tool is None:  # gone from the agent (a new deploy) while the call waited
-            await self.end_unrun(call, self._unknown_tool(call.tool_name))
+        gone = self.gone(call, tool)  # from the agent (a new deploy) while the call waited
+        if tool is None or gone is not None:
+            await self.end_unrun(call, gone or self.unknown_tool(call.tool_name))
             return
         principal = turn.principal
         # The model's own input, validated again as when it was proposed (validating the form

@@ -442,6 +442,10 @@ def pick_agent(runtime: Runtime, name: str | None) -> Agent:
 class NoModel:
     """The model of an agent this process only settles answers for; it is never called."""
 
+    stand_in = True
+    """Its agent stands in for one this process lacks: it has none of the real one's tools, so
+    an answer is not refused for a delegate tool it seems to lack (`Answering._settle`)."""
+
     def __init__(self, agent: str) -> None:
         self.agent = agent
 
