@@ -3,9 +3,10 @@ copy of it (`raw_copy`), and that the copy is exact: plain tools, whose input va
 anew, are not copied at each call."""
 
 # No `from __future__ import annotations`: the tools' hints name types local to a test.
+import dataclasses
 import math
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import pytest
 from pydantic import (
@@ -13,10 +14,12 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
     InstanceOf,
     PlainSerializer,
     PlainValidator,
+    Tag,
     WrapValidator,
     field_validator,
     model_validator,
@@ -171,3 +174,69 @@ def test_input_holding_objects_copies_its_dicts_and_lists() -> None:
     for _ in range(5000):  # deeper than marshal writes
         deep = [deep]
     assert raw_copy(deep) is not deep
+
+
+class _Card(BaseModel):
+    kind: Literal["card"] = "card"
+    number: str
+
+
+class _Bank(BaseModel):
+    kind: Literal["bank"]
+    iban: str
+
+
+def _kind(value: Any) -> Any:
+    """A discriminator that fills in a kind the input left out, in the input itself."""
+    if isinstance(value, dict):
+        return value.setdefault("kind", "card")
+    return getattr(value, "kind", None)
+
+
+_Method = Annotated[
+    Annotated[_Card, Tag("card")] | Annotated[_Bank, Tag("bank")], Discriminator(_kind)
+]
+
+
+@dataclasses.dataclass
+class _Clamp:
+    """A callable dataclass as a validator: `eq=True` makes it unhashable."""
+
+    lo: int
+    hi: int
+
+    def __call__(self, value: int) -> int:
+        return max(self.lo, min(self.hi, value))
+
+
+def _filtered(query: str, filters: dict[str, list[str]] = {"type": ["bug"]}) -> str:  # noqa: B006
+    """Search with filters whose default holds a "type" key, as JSON-schema-like data does."""
+    return query
+
+
+def _clamped(level: Annotated[int, AfterValidator(_Clamp(0, 10))]) -> str:
+    """Set a level."""
+    return str(level)
+
+
+def _paid(method: _Method, amount: int) -> str:
+    """Pay."""
+    return str(amount)
+
+
+def test_schemas_holding_odd_values_validate_and_share_as_they_should() -> None:
+    """A default whose dict has a "type" list, read as a schema node's type, failed every call
+    with a bare TypeError (unhashable), as did a callable dataclass validator (unhashable, looked
+    up among the empty-value factories); a discriminator function sees the raw input, and one
+    filling in a kind changed the call's own input."""
+    filtered = so.tool(_filtered)
+    assert not shares_raw(filtered.input_model.__pydantic_core_schema__)
+    assert filtered.validate({"query": "x"}).filters == {"type": ["bug"]}  # type: ignore[attr-defined]
+    clamped = so.tool(_clamped, approval=so.always())
+    level = clamped.validate({"level": 50})
+    assert not clamped.holds_lazy(level) and clamped.shown_form(level) == {"level": 10}
+    paid = so.tool(_paid)
+    assert shares_raw(paid.input_model.__pydantic_core_schema__)
+    raw = {"method": {"number": "4111"}, "amount": 5}
+    assert paid.validate(raw).method.kind == "card"  # type: ignore[attr-defined]
+    assert raw == {"method": {"number": "4111"}, "amount": 5}

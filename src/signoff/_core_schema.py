@@ -52,7 +52,7 @@ def _made_by_code(fn: Any) -> bool:
     """Whether `fn` is code that may make any value: any but pydantic's own (a `SecretStr`'s, a
     `Path`'s, a URL's validator, which make their own types), so a tool taking one of those
     is not walked at each call; nor an empty container's (`default_factory=list`)."""
-    if not callable(fn) or fn in _EMPTY_MAKERS:
+    if not callable(fn) or any(fn is maker for maker in _EMPTY_MAKERS):  # fn may be unhashable
         return False
     module = getattr(fn, "__module__", None)
     return not (isinstance(module, str) and module.split(".")[0] in ("pydantic", "pydantic_core"))

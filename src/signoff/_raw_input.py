@@ -24,13 +24,22 @@ def shares_raw(schema: Any) -> bool:
     """Whether code may see or change the raw input a pydantic core schema validates: a
     validator that sees it (`_SEES_RAW`), a model's own `__init__` (its keyword arguments), or a
     value kept as it was given (`_KEEPS_RAW`, extra fields a model allows). Input of any other
-    schema is made anew by validation: such a tool needs no copy of it, each call."""
-    for item, _ in schema_nodes(schema, skip=("serialization",)):
-        if item.get("type") in _SEES_RAW | _KEEPS_RAW or item.get("custom_init"):
+    schema is made anew by validation: such a tool needs no copy of it, each call. A tagged
+    union's discriminator function sees the raw input too."""
+    for item, _ in schema_nodes(schema, skip=_NOT_SCHEMAS):
+        kind = item.get("type")
+        if isinstance(kind, str) and kind in _SEES_RAW | _KEEPS_RAW or item.get("custom_init"):
             return True
+        if kind == "tagged-union" and callable(item.get("discriminator")):
+            return True  # a discriminator function gets the raw input, and may change it
         if "allow" in (item.get("extra_behavior"), item.get("extra_fields_behavior")):
             return True
     return False
+
+
+_NOT_SCHEMAS = ("serialization", "metadata", "default", "expected", "members", "cls", "examples")
+"""Keys whose values are no schemas of input (a serializer's, a default, `json_schema_extra`):
+a default `{"type": ["bug"]}` read as a node's type failed every call (a list is unhashable)."""
 
 
 def raw_copy(raw: Any) -> Any:
