@@ -15,7 +15,7 @@ from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 from .test_deletion import ALICE, chat_with_ttl
 from .test_prune_ttl_age import desk
 from .test_snapshot_fields import write_snapshot
-from .test_subagents_spend import orders, support, tokens
+from .test_subagents_spend import orders, support, tokens, waiting_child
 
 MONTH = 30 * 86400
 
@@ -190,3 +190,28 @@ async def test_a_snapshot_the_fold_before_wrote_after_an_expiry_is_folded_again(
             r.session_id,
             f"the snapshot at event {folded.seq} differs from the event log: updated_at",
         )
+
+
+async def test_a_mirror_closed_by_a_persons_cancel_of_the_subagent_is_activity(
+    store_url: str,
+) -> None:
+    """A person cancels the waiting subagent at t0+100 in a process lacking the parent's agent,
+    so the parent's mirror close is a commit of its own. It is activity in the parent's row (no
+    TTL passed), and is in its fold too: a mirror's close copying its subagent's withdrawal was
+    taken for a cancel's own, the state kept t0 and recorded the parent's expiry at t0+650,
+    before its row's TTL (t0+700), failing a turn the row listed as running."""
+    clock = ManualClock()
+    async with so.Runtime(
+        [support(ttl=600), orders(tokens(40))], store=store_url, clock=clock
+    ) as rt:
+        parent, kid = await waiting_child(rt)
+        t0 = clock()
+    clock.advance(100)
+    async with so.Runtime([orders(tokens(40))], store=store_url, clock=clock) as rt:
+        await rt.cancel(kid, "no longer needed", principal=ALICE)
+    clock.advance(550)
+    async with so.Runtime(
+        [support(ttl=600), orders(tokens(40))], store=store_url, clock=clock
+    ) as rt:
+        assert await _agree(rt, parent) == (t0 + 100, t0 + 700)
+        assert (await rt.state(parent)).status != "failed"

@@ -96,7 +96,10 @@ def keeps_activity(type_: str, data: dict[str, Any], before: str | None) -> bool
         reason = data.get("reason")
         if reason == EXPIRED:
             return "child_request_id" not in data
-        return type_ == "input.resolved" and _cancels(data, reason)
+        # Not a mirror's close, which copies its subagent's withdrawal: a person's cancel there.
+        return (
+            type_ == "input.resolved" and "child_request_id" not in data and _cancels(data, reason)
+        )
     if type_ == "turn.cancelled":
         return data.get("expiry") is True
     return type_ == "session.waiting" and before == "turn.cancelled"
