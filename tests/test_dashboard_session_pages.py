@@ -1,5 +1,6 @@
 """A session page's open requests come a page at a time, as the queue's: a session that asked
-thousands at once made a page, and every live read of it, of megabytes."""
+thousands at once made a page, and every live read of it, of megabytes. An expired session's
+page offers no message box."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ import httpx
 import pytest
 
 import signoff as so
-from signoff.server import _page_data, create_app
+from signoff.server import TokenAuth, _page_data, create_app
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent, store_contents
+
+from .test_server_common import ALICE, TOKENS, auth
 
 
 @so.tool(approval=so.always())
@@ -124,3 +128,56 @@ async def test_where_an_open_request_is_listed_now(
         "page": 1,
         "url": f"/_signoff/sessions/{sid}",
     }
+
+
+@so.tool(approval=so.always())
+async def refund(order_id: str) -> str:
+    """Refund an order."""
+    return "ok"
+
+
+async def test_an_expired_sessions_page_offers_no_message_box(tmp_path: Path) -> None:
+    """Past its TTL a session takes no message (410 `session_expired`), yet its page offered
+    the message box, and an idle one (its status still `idle`: nothing is recorded of an expiry
+    that closed nothing) showed no sign of its expiry. The page says it expired, when, and to
+    start a new conversation, writing nothing; before that its header says when it expires."""
+    clock = ManualClock()
+    ttl = so.Limits(ttl=60)
+    idle = scripted_agent("support", [reply("done")], repeat_last=True, limits=ttl)
+    parked = scripted_agent(
+        "desk",
+        [call_tools(call("refund", order_id="1")), reply("done")],
+        tools=[refund],
+        limits=ttl,
+    )
+    rt = so.Runtime([idle, parked], store=f"sqlite:///{tmp_path}/s.db", clock=clock)
+    app = create_app(rt, auth=TokenAuth(TOKENS), sweep_every=None, close_runtime=True)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://t", headers=auth("alice-token")
+        ) as c,
+    ):
+        sid = (await rt.generate("support", prompt="hi", auth=ALICE)).session_id
+        waiting = (await rt.generate("desk", prompt="refund", auth=ALICE)).session_id
+        page = (await c.get(f"/_signoff/sessions/{sid}")).text
+        assert 'id="send"' in page and "data-session-expired" not in page
+        assert "<dt>Expires</dt>" in page and ">in a minute</time>" in page
+        clock.advance(120)
+        before = await store_contents(rt.store, sid)
+        page = (await c.get(f"/_signoff/sessions/{sid}")).text
+        header = (await c.get(f"/_signoff/fragments/sessions/{sid}")).json()["header"]
+        assert await store_contents(rt.store, sid) == before  # a read: nothing recorded
+        assert 'id="send"' not in page and "/messages" not in page
+        assert "This session expired at" in page and "it takes no more messages" in page
+        assert 'href="/_signoff/new?agent=support">Start a new conversation</a>' in page
+        for shown in (page, header):
+            assert "data-session-status>idle<" in shown and "data-session-expired>expired<" in shown
+            assert "<dt>Expired</dt>" in shown and ">a minute ago</time>" in shown
+        sent = await c.post(f"/v1/sessions/{sid}/messages", json={"text": "one more thing"})
+        assert sent.status_code == 410 and sent.json()["error"]["code"] == "session_expired"
+        # A waiting turn's expiry is recorded by the page's read, as before: failed, expired.
+        page = (await c.get(f"/_signoff/sessions/{waiting}")).text
+        assert "data-session-status>failed<" in page and "data-session-expired>" in page
+        assert 'id="send"' not in page and "This session expired at" in page
+        assert (await rt.state(waiting)).status == "failed"

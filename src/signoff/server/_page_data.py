@@ -11,15 +11,17 @@ from urllib.parse import urlencode
 from fastapi import Request
 
 from .._agent import Agent
+from .._answers import Reply, check_delegate_tools
 from .._approval import guardrail_setting
 from .._audit_trail import TOOL_SETTING, TOOLS_STREAM, entries
 from .._eligibility import refusal, voted
 from .._events import EVENT_TYPES, Event
-from .._exceptions import UnknownRequest, UnknownSession
+from .._exceptions import UnknownRequest, UnknownSession, UnknownTool
 from .._mirrors import deciding_way, named_as_answered
 from .._state import SessionState
+from .._subagents import delegate_tools
 from .._trace_content import shown_data
-from .._types import InputRequest, Principal
+from .._types import ChildRef, InputRequest, Principal
 from ..models import Scripted
 from ..stores import PendingFilter, SessionSummary
 from ..stores._audit import AuditEntry
@@ -222,16 +224,19 @@ async def _offers(
 ) -> dict[str, Any]:
     """What each card may offer the viewer, judged on the request an answer to it settles
     (`deciding`), by the runtime's own rules: the tool to edit against (`schemas`), why the
-    viewer may not answer (`refusals`) and the quorum their approval already counts toward
+    viewer may not answer (`refusals`), where a mirror whose delegate tool is gone can be
+    answered instead (`answer_in`) and the quorum their approval already counts toward
     (`votes`)."""
     ways: dict[str, list[InputRequest]] = {}
     for r in items:
         ways[r.id] = await deciding_way(ctx.runtime.store, r)
     deciding = {rid: way[-1] for rid, way in ways.items()}
+    refusals, answer_in = await _refusals(ctx, viewer, items, ways)
     return {
         "deciding": deciding,
         "schemas": _schemas(ctx, deciding),
-        "refusals": await _refusals(ctx, viewer, items, ways),
+        "refusals": refusals,
+        "answer_in": answer_in,
         "votes": {i: d.progress for i, d in deciding.items() if voted(d, viewer)},
     }
 
@@ -241,25 +246,60 @@ async def _refusals(
     viewer: Principal,
     items: list[InputRequest],
     ways: dict[str, list[InputRequest]],
-) -> dict[str, str]:
+) -> tuple[dict[str, str], dict[str, ChildRef]]:
     """Per request the viewer may see but not answer (another's question, their own call that
-    needs someone else, one of a session whose agent this server does not run), why: its card
-    offers no buttons that could only fail. A mirror's is judged on the request it stands for
-    (the last of its `deciding_way`) and names the mirror, as an answer's refusal does."""
+    needs someone else, one of a session whose agent this server does not run, a mirror whose
+    delegate tool a deploy took away), why: its card offers no buttons that could only fail. A
+    mirror's is judged on the request it stands for (the last of its `deciding_way`) and names
+    the mirror, as an answer's refusal does. Second, for a mirror refused for its delegate
+    tool, the subagent's request to answer directly, if the viewer may see its session."""
     out: dict[str, str] = {}
+    answer_in: dict[str, ChildRef] = {}
     rt = ctx.runtime
     for item in items:
-        rid, r = item.id, ways[item.id][-1]
+        way = ways[item.id]
+        rid, r = item.id, way[-1]
         refused = await refusal(rt.agents, rt.store, r, viewer)
         if refused is not None:
-            out[rid] = str(named_as_answered(refused, ways[rid]))
+            out[rid] = str(named_as_answered(refused, way))
             continue
         # The runtime refuses such an answer as `unknown_agent`, whoever gives it: it would
-        # continue that agent's turn (for a mirror, the subagent's, then its parent's).
-        lacking = next((a for a in (r.agent, item.agent) if a not in rt.agents), None)
+        # continue that agent's turn (for a mirror, the subagent's, then each parent's).
+        lacking = next((a for a in (r.agent, *(m.agent for m in way)) if a not in rt.agents), None)
         if lacking is not None:
             out[rid] = _elsewhere(rid, lacking)
-    return out
+            continue
+        gone = await _delegate_gone(ctx, way)
+        if gone is not None:
+            out[rid], ref = gone
+            try:
+                await ctx.session(ref.session_id, viewer)
+            except UnknownSession:
+                continue  # a session the viewer may not see: no link to it
+            answer_in[rid] = ref
+    return out, answer_in
+
+
+async def _delegate_gone(
+    ctx: ServerContext, way: list[InputRequest]
+) -> tuple[str, ChildRef] | None:
+    """Why an answer through the mirrors of `way` is refused `unknown_tool`, as the runtime
+    judges each on its way (`check_delegate_tools`: a parent's agent no longer has the delegate
+    tool its call ran), and the subagent's request that can still be answered; reads only."""
+    rt = ctx.runtime
+    for mirror in way[:-1]:
+        try:
+            state = await rt._state(mirror.session_id)
+        except UnknownSession:
+            continue  # deleted since the page's other reads
+        agent = rt.agents.get(state.agent)
+        if agent is None or mirror.child is None:
+            continue  # refused as `unknown_agent` (`_refusals`)
+        try:
+            check_delegate_tools(state, delegate_tools(agent.tools), [Reply(mirror.id, None, None)])
+        except UnknownTool as exc:
+            return str(exc), mirror.child
+    return None
 
 
 def _elsewhere(request_id: str, agent: str) -> str:
@@ -375,10 +415,15 @@ async def session_context(
     asked, page = page, min(page, pages)  # fewer open requests than this page needs: the last
     pending = waiting[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
     kept = {"upto": upto} if upto else {}  # the trace's place, kept by the pager's links
+    # Past its TTL the session takes no message (`SessionExpired`), whatever its status says
+    # (an idle one shows `idle`: nothing is recorded of an expiry that closed nothing), unless
+    # a live drive runs its turn on past the TTL (shown `running`), which is not idle.
+    expired = state.expired(ctx.runtime.now()) and state.status != "running"
     return base(
         ctx,
         viewer,
         session=state,
+        expired=expired,
         rows=_rows(ctx, state, events),
         seq=seq,
         more=seq < state.seq,
