@@ -1,8 +1,9 @@
 """Ctrl-C while a command waits on a store another process holds locked for writing: it ends at
 once with status 130 and one line, and nothing of it is written. On SQLite the wait (its busy
 timeout, 30 s) was inside SQLite, where no Python signal handler runs; it is on the event loop
-now, but a worker's claim is shielded from a cancel there, so its second Ctrl-C still ends it
-by the watch of `signoff.cli._stuck`."""
+now. A worker's first Ctrl-C cuts its claim short there; a turn it cuts short on its second
+gives its lease back there, out of reach of a cancel, so that one ends it by the watch of
+`signoff.cli._stuck`."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from pathlib import Path
 import psycopg
 
 import signoff as so
-from tests._cli import ROOT, ctrl_c_timed, park
+from tests._cli import ROOT, ctrl_c_timed, log, park
+from tests.test_cli_interrupts import napper
 
 # As the console script runs `main`, saying "recording" on stderr as the answer is about to be
 # written: the test's SIGINT comes while the write waits for the lock.
@@ -108,31 +110,22 @@ def test_ctrl_c_while_an_answer_waits_on_a_locked_store_ends_at_once(store_url: 
     assert _status(store_url, request_id) == "pending"
 
 
-def test_a_second_ctrl_c_stops_a_worker_held_in_a_locked_sqlite_store_at_once(
+def test_a_ctrl_c_stops_an_idle_worker_whose_claim_waits_on_a_locked_sqlite_store(
     tmp_path: Path,
 ) -> None:
-    """A worker stops on its first Ctrl-C after its running turns, and at once on a second: with
-    its claim waiting for another process's lock (inside SQLite, then shielded on the event
-    loop), neither was seen for 30 s."""
+    """An idle worker's claim waiting for another process's lock: its first Ctrl-C, a graceful
+    stop, waited for that claim (up to the busy timeout, 30 s), and a second one was needed. It
+    cuts the claim short: exit 0 within a second or so, nothing written."""
     url = f"sqlite:///{tmp_path / 'state.db'}"
     park(url)
     argv = [sys.executable, "-m", "signoff", "worker", "tests._cli:agent", "--store", url]
     with _write_locked(url):
-        proc = subprocess.Popen(
-            argv,
-            cwd=ROOT,
-            stderr=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            text=True,
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as at a shell
-        )
+        proc = _worker(argv)
         try:
             assert proc.stderr is not None
             started = proc.stderr.readline()
             assert "signoff.worker: worker " in started, started + proc.stderr.read()
             time.sleep(2)  # its first claim waits on the lock
-            proc.send_signal(signal.SIGINT)
-            time.sleep(1)
             pressed = time.monotonic()
             proc.send_signal(signal.SIGINT)
             rest = proc.communicate(timeout=60)[1]
@@ -141,10 +134,58 @@ def test_a_second_ctrl_c_stops_a_worker_held_in_a_locked_sqlite_store_at_once(
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
+    assert proc.returncode == 0, rest
+    assert took < 5, took
+    assert "Traceback" not in rest and rest.endswith("worker stopped\n"), rest
+
+
+def test_a_second_ctrl_c_stops_a_worker_held_in_a_locked_sqlite_store_at_once(
+    tmp_path: Path,
+) -> None:
+    """A worker stops on its first Ctrl-C after its running turns, and at once on a second:
+    with the turn it cuts short giving its lease back on the store another process holds
+    locked (on the event loop, up to the busy timeout), the second was not seen for 30 s."""
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    rt = so.Runtime([napper], store=url, inline=False)
+    try:
+        session_id = rt.generate_sync("napper", "Take a nap").session_id
+    finally:
+        rt.close_sync()
+    argv = [sys.executable, "-m", "signoff", "worker", "tests.test_cli_interrupts:napper"]
+    proc = _worker([*argv, "--store", url])
+    try:
+        assert proc.stderr is not None
+        deadline = time.monotonic() + 30
+        while "tool.started" not in [e.type for e in log(url, session_id)]:
+            assert time.monotonic() < deadline and proc.poll() is None, "the nap never began"
+            time.sleep(0.05)
+        with _write_locked(url):
+            proc.send_signal(signal.SIGINT)  # it waits for the nap (60 s)
+            time.sleep(1)
+            pressed = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            rest = proc.communicate(timeout=60)[1]
+            took = time.monotonic() - pressed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == 130, rest
     assert took < 10, took
     assert "Traceback" not in rest
     assert rest.endswith("what this command was writing is not recorded\n"), rest
+
+
+def _worker(argv: list[str]) -> subprocess.Popen[str]:
+    """`signoff worker` started as from a shell, its log on a pipe."""
+    return subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as at a shell
+    )
 
 
 def test_ctrl_c_while_an_upgrade_waits_on_a_locked_file_ends_it_at_once_unwritten(

@@ -76,7 +76,7 @@ LAYERS: list[set[str]] = [
     {"_answering"},
     {"_message_results"},
     {"_messages"},
-    {"_sweeping"},
+    {"_sweeping", "_work_waits"},
     {"_work"},
     {"_work_audit"},
     {"_wire", "_payloads", "_event_stream"},

@@ -537,8 +537,9 @@ async def test_a_worker_cancelled_mid_claim_gives_the_claimed_lease_back(
     """`work()` cancelled between a claim's grant and the drive that takes it over: while the
     claim's answer is on its way (the store granted it all the same), while the claim that
     waited long is confirmed, or while the drive looks at a parent's mirrors before taking the
-    lease over. The lease is given back, so another worker takes the session at once; it was
-    left held for the whole TTL (600 s here), no drive of it running anywhere."""
+    lease over. The lease is given back (once the claim answers), so another worker takes the
+    session at once; it was left held for the whole TTL (600 s here), no drive of it running
+    anywhere."""
     clock = ManualClock(time.time())
     reached = asyncio.Event()
     agent = scripted_agent("support", [reply("Done.")])
@@ -580,5 +581,11 @@ async def test_a_worker_cancelled_mid_claim_gives_the_claimed_lease_back(
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await asyncio.wait_for(task, 10)
-        token = await front.store.acquire_lease(session_id, "another", 30.0, front.now())
-        assert token is not None  # given back: another worker takes the session at once
+
+        async def taken() -> bool:
+            token = await front.store.acquire_lease(session_id, "another", 30.0, front.now())
+            return token is not None
+
+        # Given back once the answer came (the worker's return did not wait for it): another
+        # worker takes the session within a moment, not after the TTL.
+        await until(taken, timeout=5)

@@ -190,6 +190,7 @@ class RuntimeHost:
                 # back (or kept to give back first here), so a retry of the parent need not
                 # wait it out: under the owner of the pass that failed, which kept it.
                 kept_owner, kept_token = rt._kept_on_error.pop(child, (owner, token))
+                rt._kept_lapsing.discard(child)
                 with contextlib.suppress(StoreError):
                     await rt._release(child, kept_owner, kept_token)
                 raise

@@ -55,6 +55,10 @@ __all__ = ["SessionCache", "check_agent_name", "check_session_id"]
 
 log = logging.getLogger("signoff.runtime")
 
+ANSWER_WAIT = 0.5
+"""Seconds `close` waits for a claim a stopped worker left on its way, to give its leases back:
+one held up longer (a locked file, the server down) holds up no stop; its leases lapse."""
+
 _told: set[str] = set()
 """The problems with a runtime's agents this process has logged (`missing_targets`)."""
 
@@ -177,8 +181,12 @@ class SessionCache(Leasing):
         # The lease a claimed drive that failed kept, by session, under the owner of the pass
         # that failed (a later pass takes one of its own): what the worker gives back or takes.
         self._kept_on_error: dict[str, tuple[str, int]] = {}
+        self._kept_lapsing: set[str] = set()  # of those, the ones given up as they lapsed
         self._holders: dict[str, str] = {}  # see `Leasing._holders`
         self._giving_back: set[asyncio.Task[None]] = set()  # see `Leasing._giving_back`
+        # Give-backs of the leases of claims a stopped worker did not wait for, which may
+        # answer only much later (`Workers._give_back_later`).
+        self._unanswered: set[asyncio.Task[None]] = set()
         self._opened = False
         self._settings_due = self._settings_warned = False  # see `_record_settings`
         self._sync = SyncBridge()
@@ -250,17 +258,20 @@ class SessionCache(Leasing):
 
     async def _given_back(self) -> None:
         """Wait (up to `UNWIND`) for the give-backs of leases that answers settling past their
-        call asked for (`_give_back_after`), while the store is still open; another loop's are
-        cancelled, their leases left to lapse: none runs on a closed store."""
+        call asked for (`_give_back_after`), and (up to `ANSWER_WAIT`) for those of claims a
+        stopped worker left on their way, while the store is still open; another loop's, and
+        those still waiting then, are cancelled, their leases left to lapse: none runs on a
+        closed store."""
         loop = asyncio.get_running_loop()
-        mine = [task for task in self._giving_back if task.get_loop() is loop]
-        for task in self._giving_back - set(mine):
-            with contextlib.suppress(RuntimeError):  # its loop closed: it runs no more
-                task.get_loop().call_soon_threadsafe(task.cancel)
-        if mine:
-            _, late = await asyncio.wait(mine, timeout=UNWIND)
-            for task in late:
-                task.cancel()
+        for tasks, within in ((self._unanswered, ANSWER_WAIT), (self._giving_back, UNWIND)):
+            mine = [task for task in tasks if task.get_loop() is loop]
+            for task in tasks - set(mine):
+                with contextlib.suppress(RuntimeError):  # its loop closed: it runs no more
+                    task.get_loop().call_soon_threadsafe(task.cancel)
+            if mine:
+                _, late = await asyncio.wait(mine, timeout=within)
+                for task in late:
+                    task.cancel()
 
     async def _stop_async_calls(self) -> None:
         """Cancel this runtime's calls still running on other tasks (`closes_stop`), on any

@@ -391,6 +391,10 @@ class SessionRunner(TurnLeases):
                         await self._release(session_id, owner, token)
                     else:  # the worker's to give back, or to take again (`Workers._work_on`)
                         self._kept_on_error[session_id] = (owner, token)
+                        if held.lost:  # given up as it was about to lapse: held no more
+                            self._kept_lapsing.add(session_id)
+                        else:
+                            self._kept_lapsing.discard(session_id)
                     self._let_go(session_id, owner)
                 retry = False
                 if driver is not None and driver.released and not failed:

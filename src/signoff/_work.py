@@ -23,14 +23,14 @@ from ._leasing import lost_line
 from ._settings import seconds, whole
 from ._sweeping import Sweeps
 from ._turn_leases import to_claims
+from ._work_waits import Failing, Stopped, fit_pool, sleep_unless, unless_stopped
 from .stores import Store
 
-__all__ = ["Failing", "Workers"]
+__all__ = ["Workers"]
 
 log = logging.getLogger("signoff.worker")
 
 CLAIM_GAP = 0.02  # seconds a worker waits after a claim that found nothing before the next
-LONGEST_RETRY = 5.0  # seconds: the longest a worker waits between claims while they fail
 GIVE_BACK_AFTER = 0.5  # seconds a lease waits, after a second drive in a row the store failed
 RELEASE_RETRY = 0.5  # seconds: the longest wait between tries to give such a lease back
 KEPT_RETRY = 1.0  # seconds: the longest wait between tries to record an outcome kept
@@ -39,38 +39,11 @@ RECORD_KEPT_WITHIN = 60.0
 """Seconds a stopping worker keeps trying to record a session's tool outcomes that the store
 refused (the database restarting, a full disk), kept in memory (`Unrecorded`), before it gives
 them up as lost: it logs them as an error and fails (`signoff worker` exits 1). A second signal
-stops it at once. A running worker tries until it records them, however long the store is down:
-it holds the session's lease meanwhile, and gives up only this long after it is told to stop."""
-
-
-class Failing:
-    """A call repeated (a worker's claims and sweeps, a channel hub's reading of the trail) while
-    the store fails it: logged when it starts failing and when it works again, not at every
-    try, and retried less and less often."""
-
-    def __init__(self, what: str, logger: logging.Logger = log) -> None:
-        self.what = what
-        self.log = logger
-        self.since: float | None = None  # `time.monotonic()` of the first failure in a row
-        self.backoff = 0.0
-
-    def failed(self, exc: StoreError, first_wait: float) -> float:
-        """Note a failure; returns the seconds to wait before the next try."""
-        if self.since is None:
-            self.since = time.monotonic()
-            self.log.warning("%s failed, retrying (logged again once it works): %s", self.what, exc)
-        else:
-            self.log.debug("%s failed again: %s", self.what, exc)
-        self.backoff = min(max(first_wait, self.backoff * 2), LONGEST_RETRY)
-        return self.backoff
-
-    def worked(self) -> None:
-        if self.since is not None:
-            self.log.info(
-                "%s works again (it failed for %.1fs)", self.what, time.monotonic() - self.since
-            )
-        self.since = None
-        self.backoff = 0.0
+stops it at once. A running worker tries until it records them, however long the store is down,
+and gives up only this long after it is told to stop. It takes the session's lease again at each
+try, and claims it no more: no other worker runs them again while that lease is live. One that
+lapsed first (no renewal got through: a store frozen or hung past the TTL, not restarted)
+another worker may take first, running the calls again with the same idempotency keys."""
 
 
 class _GiveBacks:
@@ -102,7 +75,7 @@ class _GiveBacks:
 
     async def _give_back(self, session_id: str, owner: str, token: int, wait: float) -> None:
         lapses = time.monotonic() + self.ttl  # its last renewal was before the failure
-        await _sleep(self.stop, wait)
+        await sleep_unless(self.stop, wait)
         delay = 0.05
         while True:
             try:  # nothing if it lapsed meanwhile and another worker took it (a newer token)
@@ -114,7 +87,7 @@ class _GiveBacks:
             else:
                 log.info("session %s: lease %d given back", session_id, token)
                 return
-            await _sleep(self.stop, delay)
+            await sleep_unless(self.stop, delay)
             delay = min(delay * 2, RELEASE_RETRY)
 
 
@@ -137,9 +110,12 @@ class Workers(Sweeps):
         finished or parked (starting no message queued behind them: those are left to workers
         that go on), and the tool outcomes the store refused, kept in memory, are recorded:
         retried for `RECORD_KEPT_WITHIN` seconds, then a `StoreError` names those lost. Until
-        then a session with such an outcome keeps its lease here and is driven again until it
-        is recorded, not given back for another worker to run the tool again. Cancelled, it
-        cancels them first (their leases given back), so none runs on once it is gone."""
+        then a session with such an outcome keeps its lease here (unless it lapsed first: see
+        `RECORD_KEPT_WITHIN`) and is driven again until it is recorded, not given back for
+        another worker to run the tool again. A claim or sweep that the store holds up (a locked
+        file, the server down) is cut short by the stop, not waited for. Cancelled, it cancels
+        the turns first (their leases given back), so none runs on once it is gone; a claim on
+        its way is not waited for: its leases are given back once it answers."""
         whole("concurrency", concurrency, least=1)
         if stop is not None and not isinstance(stop, asyncio.Event):
             raise UsageError(f"stop must be an asyncio.Event or None, not {stop!r}")
@@ -149,7 +125,7 @@ class Workers(Sweeps):
         seconds("idle_wait", idle_wait)
         seconds("sweep_every", sweep_every)
         await self.open()
-        await _fit_pool(self.store, concurrency)
+        await fit_pool(self.store, concurrency)
         stop = stop or asyncio.Event()
         running: set[asyncio.Task[None]] = set()
         owner = f"{self.owner}:worker"
@@ -179,7 +155,12 @@ class Workers(Sweeps):
                     try:
                         # Changes made from here on (while this claims and sweeps) end the wait.
                         mark = None if change_mark is None else change_mark()
-                        claimed = await self._claim(owner, free)
+                        # Not waited for once told to stop (a locked file, the server down):
+                        # its leases are given back when it answers (`_claim`).
+                        async with unless_stopped(stop):
+                            claimed = await self._claim(owner, free)
+                    except Stopped:
+                        break
                     except StoreGone as exc:
                         gone = exc
                         break
@@ -204,13 +185,16 @@ class Workers(Sweeps):
                         task.add_done_callback(running.discard)
                 if time.monotonic() - last_sweep >= sweep_every:
                     last_sweep = time.monotonic()
-                    with contextlib.suppress(StoreError):  # kept as it was until the next sweep
-                        await self._sync_lease_clock()
                     # The turns it makes runnable are left to claims, even in a runtime that
                     # drives its own calls' turns: run `concurrency` at once, a `stop` heeded.
                     leaving = to_claims.set(True)
                     try:
-                        await self.expire_due()
+                        async with unless_stopped(stop):  # cut short by a stop, as a claim
+                            with contextlib.suppress(StoreError):  # kept until the next sweep
+                                await self._sync_lease_clock()
+                            await self.expire_due()
+                    except Stopped:
+                        break
                     except StoreGone as exc:
                         gone = exc
                         break
@@ -238,9 +222,11 @@ class Workers(Sweeps):
                             f.cancel()
                     if waiter.done() and not waiter.cancelled() and waiter.exception() is not None:
                         # Changes cannot be waited for (the store failing): sleep, do not spin.
-                        await _sleep(stop, nap)
+                        await sleep_unless(stop, nap)
                 else:  # or until claims that failed are tried again
-                    await _sleep(stop, min(max(idle_wait, retry_at - time.monotonic()), to_sweep))
+                    await sleep_unless(
+                        stop, min(max(idle_wait, retry_at - time.monotonic()), to_sweep)
+                    )
             if gone is not None:
                 log.error("stopping: %s", gone)
             if running:
@@ -306,9 +292,10 @@ class Workers(Sweeps):
             claimed = await asyncio.shield(asking)
         except asyncio.CancelledError:
             # The worker stopped with the claim on its way: granted all the same, its leases
-            # are given back once it answers, not left to lapse with no drive of theirs.
-            with contextlib.suppress(Exception):
-                await self._give_back(await asking, owner)
+            # are given back once it answers, not left to lapse with no drive of theirs; not
+            # waited for here, as it may answer only much later (a locked file, the server
+            # down), and a worker stopped at once must return at once.
+            self._give_back_later(asking, owner)
             raise
         held: list[tuple[str, int]] = []
         try:
@@ -323,9 +310,21 @@ class Workers(Sweeps):
                     with contextlib.suppress(StoreError):  # else it lapses: claimed after the TTL
                         await self.store.release_lease(session_id, owner, token)
         except asyncio.CancelledError:  # stopped while confirming: no drive takes any of them
-            await self._give_back(claimed, owner)
+            self._give_back_later(asking, owner)
             raise
         return held
+
+    def _give_back_later(self, asking: asyncio.Future[list[tuple[str, int]]], owner: str) -> None:
+        """`_give_back` the leases of a claim once it answers, in the background: the runtime's
+        `close` waits only `ANSWER_WAIT` for it, then cancels it (its leases lapse)."""
+
+        async def given_back() -> None:
+            with contextlib.suppress(Exception):
+                await self._give_back(await asking, owner)
+
+        task = asyncio.create_task(given_back())
+        self._unanswered.add(task)
+        task.add_done_callback(self._unanswered.discard)
 
     async def _give_back(self, claimed: Sequence[tuple[str, int]], owner: str) -> None:
         """Give back, undriven, the leases of a claim that returned once its worker was told to
@@ -398,6 +397,8 @@ class Workers(Sweeps):
             # The lease the failed pass kept, under its own owner: a later pass of the drive
             # (a queued message's turn) takes one of its own.
             owner, token = self._kept_on_error.pop(session_id, (owner, token))
+            lapsed = session_id in self._kept_lapsing
+            self._kept_lapsing.discard(session_id)
             if lost:  # then the session could not be read again: the loss is what happened
                 log.warning(lost_line(session_id, lost[-1]))
                 log.info("session %s: after its lease was lost: %s", session_id, exc)
@@ -411,7 +412,9 @@ class Workers(Sweeps):
                     log.warning(
                         "session %s: the store failed the turn in the worker: %s", session_id, exc
                     )
-                    await self._record_kept(session_id, owner, unsaved, stopping or _running)
+                    await self._record_kept(
+                        session_id, owner, unsaved, stopping or _running, lapsed=lapsed
+                    )
                     give_backs.worked(session_id)
                     return
                 if not isinstance(exc, StoreGone):  # else only a restart mends it
@@ -438,33 +441,44 @@ class Workers(Sweeps):
         owner: str,
         unsaved: list[str],
         stopping: Callable[[], bool] = lambda: True,
+        *,
+        lapsed: bool = False,
     ) -> None:
         """Drive the session again until the store records the tool outcomes this runtime keeps
         of it (`Unrecorded`: the drive records them instead of running the bodies), with
         backoff, its lease held meanwhile: each try takes it again before the last lapses, and
-        this worker claims it no more, so no other worker runs those bodies again. A running
-        worker tries until they are recorded; once `stopping()`, for `RECORD_KEPT_WITHIN`
-        seconds more. What it could not record is logged as an error and named in `unsaved`."""
+        this worker claims it no more, so no other worker runs those bodies again, unless the
+        lease lapsed first (`lapsed`: the drive gave it up, no renewal getting through): then
+        another worker may take the session first and run them again, as the log says. A
+        running worker tries until they are recorded; once `stopping()`, for
+        `RECORD_KEPT_WITHIN` seconds more. What it could not record is logged as an error and
+        named in `unsaved`."""
         kept = self._unrecorded
         ran = ", ".join(kept.of(session_id))
         if not ran:
             return
         deadline: float | None = None
+        lapse = (
+            "; its lease lapsed (no renewal got through): another worker may take the session "
+            "first and run the call again, with the same idempotency key"
+        )
         if stopping():
             deadline = time.monotonic() + RECORD_KEPT_WITHIN
             log.warning(
                 "session %s: the store refused the outcome of %s, which ran; recording it "
-                "before the worker stops (trying for %.0fs)",
+                "before the worker stops (trying for %.0fs)%s",
                 session_id,
                 ran,
                 RECORD_KEPT_WITHIN,
+                lapse if lapsed else "",
             )
         else:
             log.warning(
-                "session %s: the store refused the outcome of %s, which ran; its lease kept, "
-                "the session is driven again until the outcome is recorded",
+                "session %s: the store refused the outcome of %s, which ran; the session is "
+                "driven again until the outcome is recorded%s",
                 session_id,
                 ran,
+                lapse if lapsed else ", its lease kept",
             )
         delay = 0.05
         self._driving[session_id] += 1  # this worker's claims leave it to this loop
@@ -473,6 +487,7 @@ class Workers(Sweeps):
                 token: int | None = None
                 # A try whose drive failed in a later pass left the lease under that pass's owner.
                 owner = self._kept_on_error.pop(session_id, (owner, 0))[0]
+                self._kept_lapsing.discard(session_id)
                 try:
                     token = await self._try_acquire(session_id, owner)  # ours: taken again
                     if token is None:  # another drive holds it: one here records them too
@@ -565,36 +580,3 @@ class Workers(Sweeps):
 def _running() -> bool:
     """`stopping` of a worker that is not told to stop."""
     return False
-
-
-async def _sleep(stop: asyncio.Event, seconds: float) -> None:
-    """Wait `seconds`, or less if `stop` is set meanwhile."""
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(seconds):
-            await stop.wait()
-
-
-POOL_SPARE = 2
-"""Pooled connections a worker needs beside one per turn: its claims and sweeps, a renewal."""
-
-
-async def _fit_pool(store: Store, concurrency: int) -> None:
-    """Grow a PostgreSQL store's pool to the worker's turns at once (`fit_pool`); a `pool_max`
-    set below that is kept, and named: turns would wait on the pool for connections, and one
-    waiting `pool_timeout` fails saying all were in use."""
-    fit = getattr(store, "fit_pool", None)
-    if fit is None:  # SQLite: no pool
-        return
-    wanted = concurrency + POOL_SPARE
-    before, after = await fit(wanted)
-    if after > before:
-        log.info("PostgreSQL pool_max %d -> %d for concurrency %d", before, after, concurrency)
-    elif after < wanted:
-        log.warning(
-            "concurrency %d needs %d PostgreSQL connections, but the store URL sets pool_max=%d: "
-            "turns will wait for one (and fail after pool_timeout if none comes); raise "
-            "pool_max or lower the concurrency",
-            concurrency,
-            wanted,
-            after,
-        )

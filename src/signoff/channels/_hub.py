@@ -28,7 +28,7 @@ from .._recording import own_cancel
 from .._settings import positive_seconds, whole
 from .._sync import checked_clock
 from .._types import InputRequest
-from .._work import Failing
+from .._work_waits import Failing
 from ..stores._audit import AuditEntry
 from . import _given_up as given_up
 from ._announcements import Damaged, announce, passed

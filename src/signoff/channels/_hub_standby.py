@@ -17,7 +17,7 @@ from typing import Any
 
 from .._exceptions import StoreError
 from .._recording import own_cancel
-from .._work import Failing
+from .._work_waits import Failing
 from ._base import Channel, logger
 from ._claims import Claims
 from ._lease import HubLease

@@ -82,9 +82,11 @@ def worker(
     """Run turns only (no HTTP): claim sessions that have work under a lease and drive them.
 
     SIGTERM or Ctrl-C stops it gracefully (turns in flight finish or park, starting no message
-    queued behind them; a second signal stops at once, interrupting them and giving their
-    leases back). A tool's result the store refused (the database restarting) is recorded by
-    this worker, which holds the session meanwhile, and before it exits, retried for up to a
+    queued behind them; a claim the store holds up, its file locked or its server down, is not
+    waited for; a second signal stops at once, interrupting them and giving their leases back).
+    A tool's result the store refused (the database restarting) is recorded by this worker,
+    which takes the session's lease again meanwhile (another worker may take it first, and run
+    the tool again, if it lapsed: the log says so), and before it exits, retried for up to a
     minute then; one it cannot record is logged as an error and ends it with exit status 1.
     Started while its database is down, it waits for it (logging each retry); a store failing
     later is logged once and retried, one whose file was deleted or replaced (`StoreGone`)

@@ -25,7 +25,7 @@ from .._runtime import Runtime
 from .._settings import flag, positive_seconds
 from .._sweeping import SweepDrives
 from .._sync import is_async
-from .._work import Failing
+from .._work_waits import Failing
 from ._api import router as api_router
 from ._auth import (
     DASHBOARD_PREFIX,
