@@ -30,6 +30,18 @@ __all__ = ["fake"]  # the fixture, used by name
         ({"params": {"stream": True}}, "params may not set stream"),
         ({"params": {"extra_body": {"stream": True}}}, "params may not set extra_body's stream"),
         ({"params": {"extra_body": {"system": "x"}}}, "params may not set extra_body's system"),
+        # the agent's tools are sent: a server tool cannot be added (not "it reads streams")
+        (
+            {"params": {"tools": [{"type": "web_search_20250305", "name": "web_search"}]}},
+            r"may not set tools; signoff sends the model, the conversation and the agent's "
+            r"tools itself \(a provider's server tools, such as Anthropic's web search, cannot "
+            r"be declared\)$",
+        ),
+        (
+            {"params": {"stream": True, "system": "x"}},
+            r"set stream, system; signoff sends .* itself; signoff reads whole replies, not "
+            r"streams$",
+        ),
         ({"params": ["seed"]}, "params must be a mapping"),
         ({"params": {"temprature": 0.2}}, r"params names 'temprature', which the SDK's create"),
         ({"price_per_mtok": "cheap"}, "price_per_mtok"),

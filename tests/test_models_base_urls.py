@@ -144,3 +144,69 @@ def test_a_base_url_from_the_environment_is_checked_alike(name: str, variable: s
     make, _ = MODELS[name]
     with pytest.raises(so.UsageError, match=r"base_url must be .*, not 'localhost:8080'"):
         make("m", env={variable: "localhost:8080"}, api_key=API_KEY)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("http://localhost:11434/v1\r", "it holds '\\r', and a URL holds no spaces or control"),
+        ("http://localhost:11434/v1\n", "it holds '\\n'"),
+        ("http://local\thost:11434/v1", "it holds '\\t'"),
+        (" http://localhost:11434/v1", "it holds ' '"),
+        ("http://localhost:11434/v1\u200b", "it holds '\\u200b'"),
+        ("http://localhost:114340/v1", "its port is not a number from 0 to 65535"),
+        ("http://localhost:11434abc/v1", "its port is not a number from 0 to 65535"),
+        ("http://localhost:-1/v1", "its port is not a number from 0 to 65535"),
+        ("http://\u0660/v1", "InvalidURL: Invalid IDNA hostname"),
+    ],
+    ids=[
+        "cr",
+        "lf",
+        "tab",
+        "space",
+        "zero-width",
+        "port-range",
+        "port-letters",
+        "port-sign",
+        "idna",
+    ],
+)
+def test_a_base_url_the_http_client_refuses_is_refused_when_the_model_is_made(
+    name: str, url: str, why: str
+) -> None:
+    """`urlsplit` drops a tab or line break (an env file written on Windows) and reads no port
+    until asked: each passed, and every turn then failed with an `InvalidURL`, "readonly
+    attribute" or "unhandled errors in a TaskGroup" from the SDK."""
+    make, _ = MODELS[name]
+    with pytest.raises(so.UsageError, match="base_url must be an http:// or https:// URL") as e:
+        make("m", base_url=url, api_key=API_KEY)
+    assert why in str(e.value), str(e.value)
+    variable = f"{name.upper()}_BASE_URL"
+    with pytest.raises(so.UsageError, match="base_url must be"):
+        make("m", env={variable: url}, api_key=API_KEY)
+    with pytest.raises(so.UsageError, match="base_url must be"):
+        so.models.from_env(env={variable: url, f"{name.upper()}_API_KEY": API_KEY})
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+async def test_an_sdk_client_that_cannot_be_made_fails_the_call_as_a_model_error(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SDK client is made at the first call: its own refusal (a bare `InvalidURL` from its
+    constructor) failed each turn unnamed, as no `ModelError`, the key unhidden."""
+    make, path = MODELS[name]
+    sdk = __import__(name)
+    kind = "AsyncOpenAI" if name == "openai" else "AsyncAnthropic"
+
+    def refuse(**options: Any) -> Any:
+        raise ValueError(f"cannot make a client with key {options['api_key']}")
+
+    monkeypatch.setattr(sdk, kind, refuse)
+    async with make("m", base_url=f"http://localhost:9{path}", api_key=API_KEY) as m:
+        with pytest.raises(so.ModelError) as info:
+            await m.complete(request())
+    message = str(info.value)
+    assert message.startswith(f"{type(m).__name__}('m', base_url='http://localhost:9{path}')")
+    assert "the SDK client could not be made: ValueError: cannot make a client with key" in message
+    assert API_KEY not in message and "[redacted]" in message

@@ -206,3 +206,36 @@ async def test_an_openai_refusal_beside_blank_content_is_the_text() -> None:
 
             response = await model.complete(request())
     assert (response.text, response.cut_off) == ("I can't help with that.", "content_filter")
+
+
+async def test_an_openai_refusal_is_marked_as_anthropics_is(store_url: str) -> None:
+    """`message.refusal` (content null, finish_reason stop) is the provider's refusal, as
+    Anthropic's stop_reason refusal is, which was marked `content_filter` where this one was
+    not: the turn completes with the refusal as its text, marked."""
+    with FakeLLM("openai", strict=True) as fake:
+        body = openai_completion(None)
+        body["choices"][0]["message"]["refusal"] = "I'm sorry, I can't help with that."
+        fake.queue(body)
+        model = provider_model("openai", fake)
+        async with model, so.Runtime([so.Agent(name="a", model=model)], store=store_url) as rt:
+            r = await rt.generate("a", prompt="do the bad thing", auth=ALICE)
+            assert (r.status, r.text, r.cut_off) == (
+                "completed",
+                "I'm sorry, I can't help with that.",
+                "content_filter",
+            )
+            [e] = await model_events(rt, r.session_id)
+            assert e.data["cut_off"] == "content_filter"
+
+
+@pytest.mark.parametrize("refusal", ["", " \n", None])
+async def test_a_blank_openai_refusal_marks_nothing(refusal: str | None) -> None:
+    with FakeLLM("openai") as fake:
+        body = openai_completion("Here you go.")
+        body["choices"][0]["message"]["refusal"] = refusal
+        fake.queue(body)
+        async with provider_model("openai", fake) as model:
+            from ._models import request
+
+            response = await model.complete(request())
+    assert (response.text, response.cut_off) == ("Here you go.", None)

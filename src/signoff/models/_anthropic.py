@@ -25,7 +25,7 @@ from ._anthropic_wire import (
 )
 from ._base import ModelRequest, PausedPart
 from ._environment import ANTHROPIC_BASE_URL, anthropic_client
-from ._http_env import HttpEnv
+from ._http_env import HttpEnv, http_package
 from ._provider import (
     ANTHROPIC_PRICES,
     SdkModel,
@@ -44,7 +44,7 @@ from ._provider import (
 )
 from ._provider_errors import body_error, head, hide_secrets
 from ._reply_cap import DEFAULT_MAX_REPLY_BYTES, check_reply_cap
-from ._urls import check_endpoint
+from ._urls import check_endpoint, credential
 
 if TYPE_CHECKING:
     from anthropic import AsyncAnthropic
@@ -156,11 +156,14 @@ class Anthropic(SdkModel):
             base_url = base_url or env.get("ANTHROPIC_BASE_URL") or None
         # named in the model's label, as OpenAIChat names OPENAI_BASE_URL: the SDK reads it too
         self._base_url = base_url or (None if client else source.get("ANTHROPIC_BASE_URL")) or None
-        check_endpoint(owner, self._base_url, api_key)
+        check_endpoint(owner, self._base_url, api_key, http_package(self._sdk).URL)
+        api_key = credential(owner, "api_key", api_key)
         auth_token = None
         if client is None and api_key is None:
-            api_key = source.get("ANTHROPIC_API_KEY") or None
-            auth_token = None if api_key else source.get("ANTHROPIC_AUTH_TOKEN") or None
+            api_key = credential(owner, "ANTHROPIC_API_KEY", source.get("ANTHROPIC_API_KEY"))
+            api_key = api_key or None
+            token = None if api_key else source.get("ANTHROPIC_AUTH_TOKEN")
+            auth_token = credential(owner, "ANTHROPIC_AUTH_TOKEN", token) or None
             if api_key is None and auth_token is None:
                 if base_url is None and not source.get("ANTHROPIC_BASE_URL"):
                     # Said now: the SDK would only refuse each request, as bad arguments.
@@ -192,7 +195,7 @@ class Anthropic(SdkModel):
                 http_client=self._http_client(),
             )
 
-        self._use_clients(make, client)
+        self._use_clients(make, client, (api_key, auth_token))
 
     @property
     def least_input_price_per_mtok(self) -> float | None:

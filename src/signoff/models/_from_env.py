@@ -9,6 +9,7 @@ from .._exceptions import UsageError
 from ._anthropic import Anthropic
 from ._base import Model, not_a_model_class
 from ._openai import OpenAIChat
+from ._urls import credential
 
 __all__ = ["DEFAULT_ANTHROPIC_MODEL", "DEFAULT_OPENAI_MODEL", "from_env"]
 
@@ -41,8 +42,9 @@ def from_env(fallback: Model | None = None, *, env: Mapping[str, str] | None = N
     env = os.environ if env is None else env
     wanted = (_text("SIGNOFF_MODEL", env.get("SIGNOFF_MODEL")) or "").strip()
     base_url = _text("OPENAI_BASE_URL", env.get("OPENAI_BASE_URL"))
-    openai_key = _text("OPENAI_API_KEY", env.get("OPENAI_API_KEY"))
-    anthropic_key = _text("ANTHROPIC_API_KEY", env.get("ANTHROPIC_API_KEY"))
+    # A key from a secret file ends in a line break: the key without it, one of blanks unset.
+    openai_key = _key("OPENAI_API_KEY", env.get("OPENAI_API_KEY"))
+    anthropic_key = _key("ANTHROPIC_API_KEY", env.get("ANTHROPIC_API_KEY"))
     if wanted:
         provider, _, name = wanted.partition(":")
         if provider not in ("openai", "anthropic"):  # a bare name, maybe with a tag: qwen3:8b
@@ -71,3 +73,10 @@ def _text(name: str, value: object) -> str | None:
     if value is not None and not isinstance(value, str):
         raise UsageError(f"from_env(env=...): {name} must be text, not {type(value).__name__}")
     return value or None
+
+
+def _key(name: str, value: object) -> str | None:
+    """The API key the setting `name` holds (`value`), the whitespace around it left out; None
+    when unset or blank; a `UsageError` naming it for one no header can carry (a line break
+    within)."""
+    return credential("from_env()", name, _text(name, value)) or None

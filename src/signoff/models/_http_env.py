@@ -19,7 +19,7 @@ from typing import Any
 
 from .._exceptions import UsageError
 
-__all__ = ["HttpEnv", "proxy_routes"]
+__all__ = ["HttpEnv", "http_package", "proxy_routes"]
 
 
 def _proxies(env: Mapping[str, str]) -> dict[str, str]:
@@ -86,7 +86,7 @@ def proxy_routes(env: Mapping[str, str]) -> dict[str, str | None]:
     return routes
 
 
-def _http_package(sdk: ModuleType) -> ModuleType:
+def http_package(sdk: ModuleType) -> ModuleType:
     """The HTTP package (`httpx`, or the `httpx2` of newer SDKs) the SDK's clients are made of."""
     for cls in sdk.DefaultAsyncHttpxClient.__mro__:
         if cls.__name__ == "AsyncClient" and not cls.__module__.startswith(sdk.__name__):
@@ -124,7 +124,7 @@ class HttpEnv:
     made later gets an HTTP client following them and nothing of the process's."""
 
     def __init__(self, owner: str, sdk: ModuleType, env: Mapping[str, str]) -> None:
-        self._http = http = _http_package(sdk)
+        self._http = http = http_package(sdk)
         self._limits = getattr(sdk, "DEFAULT_CONNECTION_LIMITS", None) or http.Limits()
         self.verify: ssl.SSLContext | None = _ca_context(owner, env)
         self.routes: dict[str, str | None] = {}

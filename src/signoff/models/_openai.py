@@ -23,7 +23,7 @@ from .._types import (
 from ._base import ModelRequest, ToolSpec
 from ._counts import uncounted, unread_usage
 from ._environment import OPENAI_BASE_URL, openai_client
-from ._http_env import HttpEnv
+from ._http_env import HttpEnv, http_package
 from ._ids import openai_id_fits, wire_ids, wire_name
 from ._provider import (
     OPENAI_CACHED_PRICES,
@@ -48,7 +48,7 @@ from ._provider import (
 )
 from ._provider_errors import body_error, head, hide_secrets
 from ._reply_cap import DEFAULT_MAX_REPLY_BYTES, check_reply_cap
-from ._urls import check_endpoint
+from ._urls import check_endpoint, credential
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -168,9 +168,10 @@ class OpenAIChat(SdkModel):
         source = os.environ if env is None else env
         # named in the model's label; a client given is not ours to point anywhere
         self._base_url = base_url or (None if client else source.get("OPENAI_BASE_URL")) or None
-        check_endpoint(owner, self._base_url, api_key)
+        check_endpoint(owner, self._base_url, api_key, http_package(self._sdk).URL)
+        api_key = credential(owner, "api_key", api_key)
         if client is None and api_key is None:
-            api_key = source.get("OPENAI_API_KEY") or None
+            api_key = credential(owner, "OPENAI_API_KEY", source.get("OPENAI_API_KEY")) or None
             if api_key is None:
                 if self._base_url is None:
                     raise UsageError(
@@ -200,7 +201,7 @@ class OpenAIChat(SdkModel):
                 http_client=self._http_client(),
             )
 
-        self._use_clients(make, client)
+        self._use_clients(make, client, (api_key,))
 
     @property
     def least_input_price_per_mtok(self) -> float | None:
@@ -353,7 +354,9 @@ class OpenAIChat(SdkModel):
                     id=call_id if isinstance(call_id, str) and call_id else None,
                 )
             )
-        cut = _CUT_OFF.get(finish or "")  # half an answer must not pass for a whole one
+        # Half an answer must not pass for a whole one, nor a refusal (as Anthropic's reads).
+        refused = isinstance(refusal, str) and bool(refusal.strip())
+        cut: CutOff | None = "content_filter" if refused else _CUT_OFF.get(finish or "")
         return ModelResponse(
             text=text,
             tool_calls=calls,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import inspect
 import json
 import math
 import re
@@ -17,7 +16,14 @@ from .._exceptions import ModelError, UsageError
 from .._tool_json import UNPARSED_ARGUMENTS, nests_deeper
 from .._types import MODEL_NAME_MAX
 from ._http_env import HttpEnv
-from ._provider_errors import connection_problem, status_detail, status_hint
+from ._params import check_params
+from ._provider_errors import (
+    connection_problem,
+    hidden,
+    secret_forms,
+    status_detail,
+    status_hint,
+)
 from ._reply_cap import ReplyTooLarge, capped_http_client
 from ._retry_after import long_wait_note
 from ._urls import shown_url
@@ -192,57 +198,6 @@ def check_positive(owner: str, name: str, value: object, *, integer: bool = Fals
     ):
         kind = "integer" if integer else "number"
         raise UsageError(f"{owner}: {name} must be a positive, finite {kind}, not {value!r}")
-
-
-def check_params(
-    owner: str,
-    params: object,
-    reserved: set[str],
-    sdk_create: Any = None,
-    given_create: Any = None,
-) -> dict[str, Any]:
-    """Validate `params=`: extra SDK arguments that may not replace what signoff sends or ask
-    for a stream (the reply is read whole), nor through `extra_body`, which the SDK merges into
-    the request over them; nor name one the SDK's `create` does not take, which failed every
-    call of the agent (a typo: `temprature`)."""
-    if params is None:
-        return {}
-    if not isinstance(params, Mapping) or not all(isinstance(k, str) for k in params):
-        raise UsageError(f"{owner}: params must be a mapping of argument names, not {params!r}")
-    # A `client=` whose `create` is not the SDK's own (a tracing wrapper: langsmith's takes
-    # `langsmith_extra`) judges its own arguments.
-    own = given_create is None or getattr(given_create, "__func__", None) is sdk_create
-    unknown = _not_taken(sdk_create, params) if own else []
-    if unknown:
-        raise UsageError(
-            f"{owner}: params names {', '.join(map(repr, unknown))}, which the SDK's create() "
-            "does not take (a field of your server's own goes in params={'extra_body': {...}})"
-        )
-    taken = sorted(reserved & set(params))
-    extra = params.get("extra_body")
-    if isinstance(extra, Mapping):
-        taken += [f"extra_body's {k}" for k in sorted(reserved & set(extra))]
-    if taken:
-        raise UsageError(
-            f"{owner}: params may not set {', '.join(taken)}; signoff decides those "
-            "(it reads whole replies, not streams)"
-        )
-    return dict(params)
-
-
-def _not_taken(create: Any, names: Iterable[str]) -> list[str]:
-    """Those of `names` that `create` takes no keyword argument of; none when it takes any
-    (`**kwargs`: a client of your own) or its signature cannot be read."""
-    if create is None:
-        return []
-    try:
-        parameters = inspect.signature(create).parameters.values()
-    except (TypeError, ValueError):
-        return []
-    if any(p.kind is p.VAR_KEYWORD for p in parameters):
-        return []
-    taken = {p.name for p in parameters}
-    return sorted(name for name in names if name not in taken)
 
 
 def cap_output(
@@ -456,9 +411,20 @@ class SdkModel:
         options = None if self._http_env is None else self._http_env.client_options()
         return capped_http_client(self._sdk, error, self.max_reply_bytes, options)
 
-    def _use_clients(self, factory: Callable[[], Any], client: Any | None) -> None:
+    def _use_clients(
+        self, factory: Callable[[], Any], client: Any | None, secrets: Iterable[Any] = ()
+    ) -> None:
+        """Make an SDK client with `factory` on each loop (or use `client`); one the SDK will not
+        make fails the call with a `ModelError` naming the model, `secrets` (its key) hidden."""
+
         def make() -> Any:
-            return client if client is not None else factory()
+            if client is not None:
+                return client
+            try:
+                return factory()
+            except Exception as exc:
+                shown = hidden(f"{type(exc).__name__}: {exc}", secret_forms(list(secrets)))
+                raise ModelError(f"{self!r}: the SDK client could not be made: {shown}") from None
 
         async def close(c: Any) -> None:
             if c is not client:

@@ -23,8 +23,10 @@ __all__ = [
     "connection_problem",
     "cut",
     "head",
+    "hidden",
     "hide_secrets",
     "page_text",
+    "secret_forms",
     "status_detail",
     "status_hint",
 ]
@@ -41,13 +43,13 @@ _SECRETS: ContextVar[tuple[str, ...]] = ContextVar("signoff_model_secrets", defa
 
 def cut(text: str) -> str:
     """`text` as an error message shows it: at most `_DETAIL_CHARS` characters, then `[cut]`."""
-    text = _hidden(text, _SECRETS.get())
+    text = hidden(text, _SECRETS.get())
     return text if len(text) <= _DETAIL_CHARS else text[:_DETAIL_CHARS] + " [cut]"
 
 
 def head(text: str, chars: int) -> str:
     """The first `chars` characters of `text`, the credentials of the call hidden first."""
-    return _hidden(text, _SECRETS.get())[:chars]
+    return hidden(text, _SECRETS.get())[:chars]
 
 
 def status_detail(exc: BaseException) -> str:
@@ -175,7 +177,29 @@ def client_secrets(client: Any, params: Mapping[str, Any] | None = None) -> list
         for name, value in _named(query):
             if SECRET_PARAM.search(name):  # and as a URL echoed carries it, encoded
                 found += [value, quote(value, safe=""), quote_plus(value)]
-    kept = {s for s in found if isinstance(s, str) and len(s.strip()) >= _LEAST_SECRET}
+    return secret_forms(found)
+
+
+def secret_forms(values: Sequence[Any]) -> list[str]:
+    """The text `values` (the credentials a call sends) and the forms an error may show them in,
+    longest first: as escaped in a repr of their bytes (httpx's `Illegal header value
+    b'Bearer sk-...\\n'` showed a key read from a file with its line break whole) or of
+    themselves, in `unicode_escape` or JSON, and without the whitespace around them."""
+    kept: set[str] = set()
+    for value in values:
+        if not isinstance(value, str):
+            continue
+        encoded = value.encode("utf-8", "surrogatepass")
+        forms = {
+            value,
+            value.strip(),
+            repr(encoded)[2:-1],
+            repr(value)[1:-1],
+            value.encode("unicode_escape").decode("ascii"),
+            json.dumps(value)[1:-1],
+            json.dumps(value, ensure_ascii=False)[1:-1],
+        }
+        kept |= {f for f in forms if len(f.strip()) >= _LEAST_SECRET}
     return sorted(kept, key=len, reverse=True)
 
 
@@ -226,9 +250,9 @@ def hide_secrets(client: Any, params: Mapping[str, Any] | None = None) -> Iterat
         # logged traceback show their messages.
         while secrets and error is not None and id(error) not in seen:
             seen.add(id(error))
-            error.args = tuple(_hidden(a, secrets) if isinstance(a, str) else a for a in error.args)
+            error.args = tuple(hidden(a, secrets) if isinstance(a, str) else a for a in error.args)
             if isinstance(getattr(error, "message", None), str):
-                error.message = _hidden(error.message, secrets)  # type: ignore[attr-defined]
+                error.message = hidden(error.message, secrets)  # type: ignore[attr-defined]
             error = error.__cause__ or error.__context__
         raise
     finally:
@@ -236,7 +260,8 @@ def hide_secrets(client: Any, params: Mapping[str, Any] | None = None) -> Iterat
             _SECRETS.reset(token)
 
 
-def _hidden(text: str, secrets: Sequence[str]) -> str:
+def hidden(text: str, secrets: Sequence[str]) -> str:
+    """`text` with each of `secrets` (`secret_forms`, longest first) replaced by `[redacted]`."""
     for secret in secrets:
         text = text.replace(secret, "[redacted]")
     return text
@@ -256,5 +281,7 @@ def connection_problem(exc: BaseException) -> str:
     kind = type(cause).__name__
     if kind == "DecodingError":
         return f"the body could not be decoded ({cause_of(exc)})"
+    if kind == "LocalProtocolError":  # refused by the HTTP client itself (a header value)
+        return f"the request could not be sent ({cause_of(exc)})"
     broke = kind in ("RemoteProtocolError", "ReadError", "WriteError")
     return f"{'the connection broke' if broke else 'cannot connect'} ({cause_of(exc)})"

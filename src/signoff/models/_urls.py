@@ -1,13 +1,14 @@
-"""URLs as the models' reprs and errors show them."""
+"""URLs as the models' reprs and errors show them, and the checks of a model's base URL and keys."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from urllib.parse import urlsplit, urlunsplit
 
 from .._exceptions import UsageError
 
-__all__ = ["SECRET_PARAM", "check_endpoint", "shown_url"]
+__all__ = ["SECRET_PARAM", "check_endpoint", "credential", "shown_url"]
 
 
 # Query parameters that carry a credential (`?key=`, `?api_key=`, `?token=`, an Azure `sig=`);
@@ -39,17 +40,17 @@ def shown_url(url: object) -> str:
     return text if shown == urlunsplit(urlsplit(text)) else shown
 
 
-def check_endpoint(owner: str, base_url: object, api_key: object) -> None:
-    """Raise `UsageError` for a base URL that no request could reach (not text, or not an
-    `http://` or `https://` URL with a host: `localhost:8000/v1`, a number) or an API key that
-    is not text: the model was made, and each turn then failed with a model error."""
+def check_endpoint(
+    owner: str, base_url: object, api_key: object, parse: Callable[[str], object] | None = None
+) -> None:
+    """Raise `UsageError` for a base URL that no request could reach (not text, not an
+    `http://` or `https://` URL with a host: `localhost:8000/v1`, a number; holding a space or
+    a control character, which `urlsplit` drops and the HTTP client refuses, as it does a port
+    that is no number from 0 to 65535, or anything `parse`, its URL parser, refuses) or an API
+    key that is not text: the model was made, and each turn then failed with a model error."""
     if base_url is not None:
-        try:
-            parts = urlsplit(base_url) if isinstance(base_url, str) else None
-            reachable = parts is not None and parts.scheme in ("http", "https") and parts.hostname
-        except ValueError:  # a malformed host (`http://[::1`)
-            reachable = False
-        if not reachable:
+        why = _unreachable(base_url, parse)
+        if why is not None:
             if not isinstance(base_url, str):
                 shown = f"a value of type {type(base_url).__name__}"
             else:
@@ -59,7 +60,51 @@ def check_endpoint(owner: str, base_url: object, api_key: object) -> None:
                     shown = repr(base_url.rpartition("@")[2])
             raise UsageError(
                 f"{owner}: base_url must be an http:// or https:// URL with a host "
-                f"(http://localhost:11434/v1), not {shown}"
+                f"(http://localhost:11434/v1), not {shown}{why}"
             )
     if api_key is not None and not isinstance(api_key, str):
         raise UsageError(f"{owner}: api_key must be text, not {type(api_key).__name__}")
+
+
+def _unreachable(base_url: object, parse: Callable[[str], object] | None) -> str | None:
+    """Why no request could reach `base_url` (after the URL shown: "" when that says it),
+    or None when one could."""
+    if not isinstance(base_url, str):
+        return ""
+    blank = next((c for c in base_url if c.isspace() or not c.isprintable()), None)
+    if blank is not None:  # a line break an env file or a secret file left
+        return f": it holds {blank!r}, and a URL holds no spaces or control characters"
+    try:
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            return ""
+    except ValueError:  # a malformed host (`http://[::1`)
+        return ""
+    try:
+        parts.port  # noqa: B018 - read to check it
+    except ValueError:  # `:114340`, `:11434abc`
+        return ": its port is not a number from 0 to 65535"
+    if parse is not None:
+        try:
+            parse(base_url)
+        except Exception as exc:  # the HTTP client's `InvalidURL` (an invalid IDNA host name)
+            return f": {type(exc).__name__}: {exc}"
+    return None
+
+
+def credential(owner: str, name: str, value: object) -> str | None:
+    """The key or token `value` (the setting `name`) as a request header sends it: without the
+    whitespace around it (a secret file's last line break, which the HTTP client refused in
+    every call, its error showing the whole key); a `UsageError` naming the setting, never the
+    value, for one holding a control or non-ASCII character, which no header carries."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise UsageError(f"{owner}: {name} must be text, not {type(value).__name__}")
+    value = value.strip()
+    if not all(" " <= c <= "~" for c in value):
+        raise UsageError(
+            f"{owner}: {name} holds a control or non-ASCII character; a key or token is one "
+            "line of printable ASCII (its value is not shown)"
+        )
+    return value
