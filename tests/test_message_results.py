@@ -1,8 +1,8 @@
 """What a `send` is told: the turn its message went to (the one it started, steered or was
 taken from the queue by), never a turn its drive went on to past it (another person's, queued
 behind it) or began with (one left undriven, which may end cancelled or failed), and `queued`
-only while the message still waits; its repeat with the same key is told the same turn. Run on
-both stores."""
+only while the message still waits; its repeat with the same key is told the same turn. So is
+a `generate` or `schedule` whose prompt queued behind another's message. Run on both stores."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import httpx
 import pytest
 
 import signoff as so
+import signoff._message_places as places
+import signoff._message_results as results
 from signoff.models import ModelRequest
 from signoff.server import TokenAuth, create_app
 from signoff.testing import call, call_tools
@@ -221,3 +223,130 @@ async def test_a_steer_is_told_the_turn_it_steered_not_the_next_persons(
             again = await runtime.send(sid, said, principal=ALICE, idempotency_key=key)
             assert (again.turn_id, again.text, again.replayed) == (g.turn_id, g.text, True)
     await runtime.close()
+
+
+async def bob_waiting(
+    rt: so.Runtime, model: Model, other: so.Runtime, message: str = "bob here"
+) -> str:
+    """A session whose last turn (Alice's, left undriven) she cancelled while Bob's `queue`
+    `message` waited behind it; `other` (not inline) started nothing after the cancel, so his
+    message still waits."""
+    sid = await left_undriven(rt, model)
+    assert (await other.send(sid, message, principal=BOB, turn_policy="queue")).queued
+    assert (await other.cancel(sid, "never mind", principal=ALICE)).cancelled
+    assert [q["message"] for q in (await rt.state(sid)).queued] == [message]
+    return sid
+
+
+@pytest.mark.parametrize("how", ["generate", "keyed", "schedule"])
+async def test_a_prompt_queued_behind_anothers_message_is_told_its_own_turn(
+    store_url: str, how: str
+) -> None:
+    """Alice's `generate` (or a `schedule`d job's) prompt starts Bob's waiting message's turn and
+    queues behind it; Carol's message queues behind it meanwhile. The call was told Carol's
+    answer (and its keyed repeat Alice's own): it is told the turn its prompt started, and so
+    is the repeat."""
+    model = Model()
+    async with (
+        so.Runtime([desk(model)], store=store_url) as rt,
+        so.Runtime([desk(model)], store=store_url, inline=False) as other,
+    ):
+        sid = await bob_waiting(rt, model, other)
+        key = "ka" if how == "keyed" else None
+        prompt = "the nightly job" if how == "schedule" else "alice again"
+
+        async def call() -> so.GenerateResult:
+            if how == "schedule":
+                return await rt.schedule("desk", prompt, session_id=sid)
+            return await rt.generate(session_id=sid, prompt=prompt, auth=ALICE, idempotency_key=key)
+
+        gen = asyncio.create_task(call())
+        await asyncio.wait_for(model.held.wait(), 10)  # Bob's turn, which it started
+        assert (await rt.send(sid, "carol here", principal=CAROL, turn_policy="queue")).queued
+        model.gate.set()
+        g = await asyncio.wait_for(gen, 10)
+        assert (g.status, g.text, g.queued) == ("completed", f"re: {prompt}", False)
+        assert (await turns(rt, sid))[g.turn_id or ""] == prompt
+        state = await rt.state(sid)
+        assert state.turn is not None and state.turn.text == "re: carol here"
+        if key is not None:
+            again = await rt.generate(
+                session_id=sid, prompt=prompt, auth=ALICE, idempotency_key=key
+            )
+            assert (again.turn_id, again.text, again.replayed) == (g.turn_id, g.text, True)
+
+
+async def test_a_prompt_queued_behind_anothers_message_is_told_its_senders_next_turn(
+    store_url: str,
+) -> None:
+    """As above, but the message queued behind Alice's prompt is her own: her `generate` is
+    told that later turn, as a `generate` whose own turn completed is (README)."""
+    model = Model()
+    async with (
+        so.Runtime([desk(model)], store=store_url) as rt,
+        so.Runtime([desk(model)], store=store_url, inline=False) as other,
+    ):
+        sid = await bob_waiting(rt, model, other)
+        gen = asyncio.create_task(rt.generate(session_id=sid, prompt="alice again", auth=ALICE))
+        await asyncio.wait_for(model.held.wait(), 10)
+        assert (await rt.send(sid, "alice more", principal=ALICE, turn_policy="queue")).queued
+        model.gate.set()
+        g = await asyncio.wait_for(gen, 10)
+        assert (g.status, g.text, g.queued) == ("completed", "re: alice more", False)
+        state = await rt.state(sid)
+        assert state.turn is not None and state.turn.id == g.turn_id
+
+
+@pytest.mark.parametrize("how", ["generate", "schedule"])
+async def test_a_prompt_still_queued_behind_anothers_message_is_said_to_wait(
+    store_url: str, how: str
+) -> None:
+    """Alice's `generate` (or a job's) prompt starts Bob's waiting message's turn, which then
+    waits on his refund's approval, and queues behind it. The call was told his turn as if it
+    were its own: it is told the turn its prompt waits behind, with `queued`."""
+    model = Model(hold=99)
+    async with (
+        so.Runtime([desk(model)], store=store_url) as rt,
+        so.Runtime([desk(model)], store=store_url, inline=False) as other,
+    ):
+        sid = await bob_waiting(rt, model, other, "refund 1042")
+        if how == "schedule":
+            g = await rt.schedule("desk", "alice again", session_id=sid)
+        else:
+            g = await rt.generate(session_id=sid, prompt="alice again", auth=ALICE)
+        assert (g.status, g.queued) == ("waiting", True)
+        assert [r.tool_name for r in g.pending] == ["refund"]
+        assert (await turns(rt, sid))[g.turn_id or ""] == "refund 1042"
+        assert [q["message"] for q in (await rt.state(sid)).queued] == ["alice again"]
+
+
+async def test_a_send_whose_queued_message_another_process_starts_is_not_said_to_wait(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bob's `queue` message waits behind Carol's; his call (not inline) finds no turn took it,
+    and then another process drives both turns before the call reads the session. It was told
+    his turn with `queued` (the message gone from the queue): it is told his turn, not
+    waiting."""
+    model = Model(hold=99)
+    async with (
+        so.Runtime([desk(model)], store=store_url) as rt,
+        so.Runtime([desk(model)], store=store_url, inline=False) as other,
+    ):
+        sid = await left_undriven(rt, model)
+        assert (await other.send(sid, "carol here", principal=CAROL, turn_policy="queue")).queued
+        assert (await other.cancel(sid, "never mind", principal=ALICE)).cancelled
+        looked: list[places.InTurn | None] = []
+
+        async def then_a_worker(*args: object) -> places.InTurn | None:
+            at = await places.turn_taking(*args)  # type: ignore[arg-type]
+            if at is None and not looked:
+                await rt.generate(session_id=sid)  # another process drives the queue now
+            looked.append(at)
+            return at
+
+        monkeypatch.setattr(results, "turn_taking", then_a_worker)
+        b = await other.send(sid, "bob here", principal=BOB, turn_policy="queue")
+        assert looked[0] is None
+        assert (b.status, b.text, b.queued) == ("completed", "re: bob here", False)
+        assert (await turns(rt, sid))[b.turn_id or ""] == "bob here"
+        assert (await rt.state(sid)).queued == []

@@ -22,23 +22,36 @@ __all__ = ["MessageResults"]
 class MessageResults(Answering):
     """`Answering` plus the results of the calls that send follow-up messages."""
 
-    async def _drive_after(self, session_id: str, went: Went) -> GenerateResult:
+    async def _drive_after(
+        self, session_id: str, went: Went, *, then_sender: bool = False
+    ) -> GenerateResult:
         """Drive the session after a message went to `went` (started or steered a turn, or
         joined the queue), then tell the call its message's turn: the one it started or steered,
         or took it from the queue, as it stands, not a turn left undriven ahead of it (which may
         end cancelled or failed) nor one the drive went on to past it. While the message still
-        waits in the queue, the turn it waits behind, with `queued`."""
+        waits in the queue, the turn it waits behind, with `queued`. A prompt's call
+        (`then_sender`: `generate`, `schedule`) whose turn completed is told the turn the drive
+        went on to when its sender's own message started it."""
         own = went.turn_id if isinstance(went, InTurn) else None
         result = await self._drive(session_id, own=own)
         at = await turn_taking(self.store, session_id, went)
         if at is not None and result.turn_id == at.turn_id:
             return dataclasses.replace(result, queued=False)
         state = await self._state(session_id)
+        if at is None:  # a turn may have taken it since (another process's), up to that state
+            at = await turn_taking(self.store, session_id, went)
+            if at is not None and at.first_seq > state.seq:
+                state = await self._state(session_id)
         current = None if state.turn is None else state.turn.id
         if at is None or at.turn_id == current:
             told = result if result.turn_id == current else self._result(state)
             return dataclasses.replace(told, queued=at is None)
-        return await self._earlier(state, *at)
+        ended = await load_turn(self.store, session_id, *at)
+        if then_sender and _sender_next(state, ended):
+            return dataclasses.replace(
+                result if result.turn_id == current else self._result(state), queued=False
+            )
+        return self._earlier_result(state, ended)
 
     async def _replay(self, session_id: str, idem: Keyed | None) -> GenerateResult:
         """What a call repeated with its idempotency key returns: the result of the turn its
@@ -89,6 +102,24 @@ class MessageResults(Answering):
     async def _earlier(self, state: SessionState, turn_id: str, first_seq: int) -> GenerateResult:
         """The result of a turn other than the session's current one, from its events; its
         requests still open are the ones pending now."""
-        result = self._result(await load_turn(self.store, state.id, turn_id, first_seq))
+        return self._earlier_result(
+            state, await load_turn(self.store, state.id, turn_id, first_seq)
+        )
+
+    def _earlier_result(self, state: SessionState, ended: SessionState) -> GenerateResult:
+        """The result of `ended`, a turn before `state`'s, with its requests still open in
+        `state` pending."""
+        result = self._result(ended)
         open_now = {r.id for r in state.pending_requests()}
         return dataclasses.replace(result, pending=[r for r in result.pending if r.id in open_now])
+
+
+def _sender_next(state: SessionState, ended: SessionState) -> bool:
+    """Whether `ended`'s turn completed and `state`'s turn, after it, serves the same person
+    (by identity): one its sender's own message started."""
+    turn, now = ended.turn, state.turn
+    if turn is None or now is None or turn.status != "completed":
+        return False
+    if now.principal is None:
+        return turn.principal is None
+    return now.principal.same_as(turn.principal)

@@ -29,7 +29,8 @@ class GenerateResult:
     means it can go on only once a person answers `pending`. `replayed` is True when the call
     repeated an earlier one with its idempotency key: it started or sent nothing. `queued` is
     True when `send` left the message waiting for the end of the turn it reports (the message
-    starts a later turn), rather than delivering it. `cut_off` says why the model's latest
+    starts a later turn), rather than delivering it, or `generate` or `schedule` its prompt
+    (queued behind a message that waited). `cut_off` says why the model's latest
     reply in the turn stopped short (`max_tokens`, `content_filter`): `text` ends in a partial
     answer. `cancelled` is True when `cancel` recorded the cancel of the turn it reports; a
     cancel that found that turn over (sent twice, say) or another the session's is False.

@@ -33,6 +33,7 @@ from ._exceptions import (
 from ._idempotency import keyed
 from ._key_forms import keyed_in, keyed_start
 from ._leasing import LEASE_TTL_MAX, LEASE_TTL_MIN
+from ._message_places import Went
 from ._mirrors import followed_state, following_mirrors
 from ._prompts import check_prompt
 from ._queue_page import queue_page
@@ -283,11 +284,11 @@ class Runtime(Cancelling):
             await self._of_agent(session_id, agent)
         if prompt is None:
             return await self._drive(session_id, retry=True)
-        own: list[str] = []  # the turn its message started, if it did not queue behind one
+        went: list[Went] = []  # the turn its prompt started, or its place in the queue
         async with self._own_turn(session_id):
-            if not await self._start_turn(session_id, prompt, auth, idem=idem, own=own):
+            if not await self._start_turn(session_id, prompt, auth, idem=idem, went=went):
                 return await self._replay(session_id, idem)
-            return await self._drive(session_id, own=own[0] if own else None)
+            return await self._drive_after(session_id, went[0], then_sender=True)
 
     async def _of_agent(self, session_id: str, agent: str) -> None:
         """Refuse a call naming another agent than the session's, before it records anything."""
@@ -333,7 +334,7 @@ class Runtime(Cancelling):
         `generate` is while its turn runs (`SessionBusy`) or a person's retryable turn waits. An
         `idempotency_key` (a job's run, say) makes a repeated call start nothing."""
         await self.open()
-        own: list[str] = []  # the turn its message started, if it did not queue behind one
+        went: list[Went] = []  # the turn its prompt started, or its place in the queue
         async with self._own_turn(session_id):  # a new session's creation leases it itself
             check_prompt(prompt)  # before the session is created, or a key made of it
             if session_id is None:
@@ -346,14 +347,15 @@ class Runtime(Cancelling):
                 await self._of_agent(session_id, agent)  # else run as the session's own, unsaid
                 idem = keyed(idempotency_key, APP_PRINCIPAL, "message", prompt)
                 started = await self._start_turn(
-                    session_id, prompt, APP_PRINCIPAL, source="schedule", idem=idem, own=own
+                    session_id, prompt, APP_PRINCIPAL, source="schedule", idem=idem, went=went
                 )
                 lease = None
-            result = await (
-                self._drive(session_id, leased=lease, own=own[0] if own else None)
-                if started
-                else self._replay(session_id, idem)
-            )
+            if not started:
+                result = await self._replay(session_id, idem)
+            elif went:  # a session's turn: its own, or one taking its prompt from the queue
+                result = await self._drive_after(session_id, went[0], then_sender=True)
+            else:  # a new session's first turn, its own
+                result = await self._drive(session_id, leased=lease)
         if result.status == "failed" and (result.error or {}).get("code") == (
             SessionLimitReached.code
         ):

@@ -113,13 +113,12 @@ class SessionRunner(TurnLeases):
         idem: Keyed | None = None,
         delegated: bool = False,
         queue: bool = False,
-        own: list[str] | None = None,
         went: list[Went] | None = None,
     ) -> bool:
         """Start a turn with `prompt`; False (nothing recorded) when its idempotency key
-        recorded it already, or, for the delegated turn, when it was started already. `own` is
-        given the turn's id when it is the prompt's (not one a message queued before it started,
-        the prompt queued behind it); `went` is given where the prompt went, either way. A
+        recorded it already, or, for the delegated turn, when it was started already. `went` is
+        given where the prompt went: the turn started, or, when a message queued before it
+        started that turn, its place in the queue behind it. A
         subagent's session's first turn is its delegate call's (`delegated`): a message finding
         none started yet is `SessionBusy`. So is one that waits behind a turn a retry can resume
         (`waits_for_retry`: it is `queue`d, or `auth` is not the person the turn serves)."""
@@ -220,8 +219,6 @@ class SessionRunner(TurnLeases):
                 self._cache.pop(session_id, None)
                 raise
             self._remember(driver.state)
-            if own is not None and not state.queued:  # else it queued behind the first
-                own.append(turn_id)
             if went is not None:  # the turn started, which is the prompt's unless it queued
                 first = driver.state.turn.first_seq if driver.state.turn is not None else 0
                 went.append(queued_last(driver.state) if state.queued else InTurn(turn_id, first))

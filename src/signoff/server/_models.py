@@ -276,7 +276,8 @@ class TurnResult(_View):
         default=False,
         description="True when a sent message waits for the end of the turn this result "
         "reports (it came from someone other than the person the turn serves, or with "
-        "`turnPolicy: queue`): it starts a later turn, as its sender.",
+        "`turnPolicy: queue`), or a generate call's message does (queued behind a message "
+        "that waited): it starts a later turn, as its sender.",
     )
     cut_off: str | None = Field(
         default=None,
