@@ -375,3 +375,16 @@ async def test_who_may_not_answer_is_refused_as_such_before_a_gone_tool_is_told(
             await rt.respond(r.session_id, [approve], principal=bob)
         with pytest.raises(so.UnknownTool):
             await rt.respond(r.session_id, [approve], principal=ALICE)
+
+
+async def test_a_model_of_the_users_with_a_stand_in_attribute_is_checked_as_any(
+    store_url: str,
+) -> None:
+    """Only the runtime's own stand-ins (`StandIn`: the command line's, a mirror's close) skip the
+    check; a model of the user's that happens to answer `stand_in` (a mock, a wrapper forwarding
+    attributes) was taken for one, and the answer accepted and never acted on."""
+    r, mirror, *_, parent, child = await _parked(store_url)
+    parent.model.stand_in = True  # type: ignore[attr-defined]
+    async with so.Runtime([parent, child], store=store_url) as rt:
+        with pytest.raises(so.UnknownTool):
+            await _answering_the_mirror("respond", rt, r.session_id, mirror.id)

@@ -67,7 +67,7 @@ async def test_a_worker_returns_at_once_while_the_store_holds_up_its_claim(
 
 
 async def test_closing_the_runtime_waits_not_for_a_claim_its_stopped_worker_left(
-    store_url: str,
+    store_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The runtime closing after its worker stopped (`signoff worker` exiting) waits only a
     moment for a claim still held up, then cancels it (a lease it may have granted lapses, as
@@ -99,6 +99,8 @@ async def test_closing_the_runtime_waits_not_for_a_claim_its_stopped_worker_left
         await asyncio.wait_for(worker.close(), 10)
         assert time.monotonic() - told < AT_ONCE * 2
         assert ended == ["cancelled"]  # not left waiting, nor running on after the close
+        # Said, not silent: the sessions it took (if any) stay leased until their TTL passes.
+        assert "still unanswered at close" in caplog.text
     finally:
         await worker.close()
 

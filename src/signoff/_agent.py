@@ -20,11 +20,21 @@ from .models._provider import SdkModel
 if TYPE_CHECKING:
     from .models import Model
 
-__all__ = ["MAX_CALLS_PER_RESPONSE", "Agent", "Limits", "by_name", "unpriced"]
+__all__ = ["MAX_CALLS_PER_RESPONSE", "Agent", "Limits", "StandIn", "by_name", "unpriced"]
 
 MAX_CALLS_PER_RESPONSE = 128
 """The default bound on the tool calls in one model response (`Limits.max_calls_per_response`):
 far over what a model proposes at once, far under the 1,000 requests one answer call settles."""
+
+
+class StandIn:
+    """The model of an agent a process only records events for, standing in for one it lacks
+    (the command line's, a mirror's close): never called. Its agent has none of the real one's
+    tools, so an answer is not refused for a delegate tool it seems to lack."""
+
+    def __init__(self, agent: str) -> None:
+        self.agent = agent
+
 
 _MAY_BE_NONE = ("max_tokens", "max_cost_usd", "max_messages", "max_calls_per_response")
 

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import _mirrors
+from ._agent import StandIn
 from ._answer_sizes import check_all_answered, check_bounds, check_count
 from ._answers import Reply as _Reply
 from ._answers import check_decided, check_delegate_tools, check_principal, input_responses
@@ -256,7 +257,7 @@ class Answering(EditChecks):
             # only to who may answer (others are refused below, as `not_allowed`), and not by an
             # agent standing in for one the process lacks (the command line's), whose tools are
             # not the real one's.
-            if not getattr(agent.model, "stand_in", False):
+            if not isinstance(agent.model, StandIn):
                 asked = [
                     reply
                     for reply in answers

@@ -21,7 +21,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn, Self
 
-from ._agent import Agent, by_name
+from ._agent import Agent, StandIn, by_name
 from ._any_loop import AnyLoopEvent, AnyLoopLock, blocked
 from ._audit_trail import record_tool_settings
 from ._counts import Counts
@@ -78,11 +78,8 @@ def check_agent_name(name: object) -> None:
         raise UsageError(f"agent must be text (an agent's name), not {type(name).__name__}")
 
 
-class _NotRun:
+class _NotRun(StandIn):
     """The model of an agent this runtime only appends events for; it is never called."""
-
-    def __init__(self, agent: str) -> None:
-        self.agent = agent
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         raise ModelError(f"this runtime does not run agent {self.agent!r}")
@@ -272,6 +269,12 @@ class SessionCache(Leasing):
                 _, late = await asyncio.wait(mine, timeout=within)
                 for task in late:
                     task.cancel()
+                if late and tasks is self._unanswered:
+                    log.warning(
+                        "%d claim(s) of a stopped worker still unanswered at close: the sessions "
+                        "they took stay leased until their lease TTL passes",
+                        len(late),
+                    )
 
     async def _stop_async_calls(self) -> None:
         """Cancel this runtime's calls still running on other tasks (`closes_stop`), on any

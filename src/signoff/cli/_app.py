@@ -22,7 +22,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.console import Console
 
-from .._agent import Agent
+from .._agent import Agent, StandIn
 from .._answers import blank_identity
 from .._exceptions import (
     ModelError,
@@ -439,15 +439,8 @@ def pick_agent(runtime: Runtime, name: str | None) -> Agent:
     raise UsageError(f"this runtime has several agents ({known}): choose one with --agent")
 
 
-class NoModel:
+class NoModel(StandIn):
     """The model of an agent this process only settles answers for; it is never called."""
-
-    stand_in = True
-    """Its agent stands in for one this process lacks: it has none of the real one's tools, so
-    an answer is not refused for a delegate tool it seems to lack (`Answering._settle`)."""
-
-    def __init__(self, agent: str) -> None:
-        self.agent = agent
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         raise ModelError(
