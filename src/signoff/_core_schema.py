@@ -6,7 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
-__all__ = ["may_make", "schema_nodes"]
+__all__ = ["VALUE_KEYS", "may_make", "schema_nodes"]
+
+
+VALUE_KEYS = frozenset({"metadata", "default", "expected", "members", "cls", "examples"})
+"""Keys of a core schema's nodes that hold values, not schemas (a field's default,
+`json_schema_extra` in `metadata`): a `{"strict": True}` or `{"type": [...]}` there is data."""
 
 
 def schema_nodes(schema: Any, skip: Collection[str] = ()) -> Iterator[tuple[dict[str, Any], Any]]:

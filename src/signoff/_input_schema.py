@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ._core_schema import schema_nodes
+from ._core_schema import VALUE_KEYS, schema_nodes
 from ._exceptions import UsageError
 from ._sync import is_async
 
@@ -46,15 +46,11 @@ def asks_strict(schema: Any) -> bool:
     `json_or_python_schema`). Read on schema nodes and configs only, not in values a schema holds
     (a field's default, `json_schema_extra` in `metadata`). Walked without recursion, each
     container once."""
-    for item, key in schema_nodes(schema, _VALUES):
+    for item, key in schema_nodes(schema, VALUE_KEYS):
         node = "type" in item or key == "config"
         if node and (item.get("strict") is True or item.get("type") == "json-or-python"):
             return True
     return False
-
-
-# Keys of a core schema's nodes that hold values, not schemas: a `{"strict": True}` there is data.
-_VALUES = frozenset({"metadata", "default", "expected", "members", "cls", "examples"})
 
 
 def check_async_functions(model: type[BaseModel], name: str) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import marshal
 from typing import Any
 
-from ._core_schema import schema_nodes
+from ._core_schema import VALUE_KEYS, schema_nodes
 
 __all__ = ["raw_copy", "shares_raw"]
 
@@ -37,7 +37,7 @@ def shares_raw(schema: Any) -> bool:
     return False
 
 
-_NOT_SCHEMAS = ("serialization", "metadata", "default", "expected", "members", "cls", "examples")
+_NOT_SCHEMAS = VALUE_KEYS | {"serialization"}
 """Keys whose values are no schemas of input (a serializer's, a default, `json_schema_extra`):
 a default `{"type": ["bug"]}` read as a node's type failed every call (a list is unhashable)."""
 
