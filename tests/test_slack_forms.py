@@ -1,6 +1,7 @@
 """What the person who pressed a request's button is told: whether Deny's or free text's form
-(`views.open`) opened when Slack's answer does not say, that they may not answer before any form
-opens, and notes of any length, clipped to what Slack takes."""
+(`views.open`) opened when Slack's answer does not say, that they may not answer (or that the
+request's session expired) before any form opens, and notes of any length, clipped to what Slack
+takes."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pytest
 
 import signoff as so
 from signoff.channels import ChannelHub
-from signoff.testing import call, call_tools, reply, scripted_agent
+from signoff.channels.slack import _clicks as clicks
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
 from ._slack import (
     ALICE,
@@ -150,3 +152,55 @@ async def test_a_note_too_long_for_slack_reaches_the_person_clipped(
         assert len(note["text"]) <= 3000 and note["text"].endswith("…")
         stored = await rt.store.get_request(req.id)
         assert stored is not None and stored.status == "pending"
+
+
+@pytest.mark.parametrize("slow", [False, True])
+async def test_no_form_opens_for_a_request_whose_session_passed_its_ttl(
+    tmp_path: Path, fake: FakeSlack, monkeypatch: pytest.MonkeyPatch, slow: bool
+) -> None:
+    """The session's TTL passed with nobody looking (its request still recorded open): Deny
+    pressed on its message opens no reason form, whose submission could only be refused
+    (`SessionExpired`) with the reason typed lost. As a press of Approve, the press records the
+    expiry and the person is told at once; the hub's next poll shows the message expired. A
+    check slower than `FORM_WAIT` (`slow`) turns the form it let open into the reason."""
+    if slow:
+        monkeypatch.setattr(clicks, "FORM_WAIT", 0.0)
+
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    agent = scripted_agent(
+        "support",
+        [call_tools(call("issue_refund", order_id="1042")), reply("Done.")],
+        tools=[issue_refund],
+        limits=so.Limits(ttl=60),
+    )
+    clock = ManualClock()
+    store = f"sqlite:///{tmp_path / 's.db'}"
+    async with so.Runtime([agent], store=store, clock=clock) as rt:
+        (req,) = (await rt.generate("support", prompt="Refund 1042")).pending  # anyone's
+        slack = channel(fake)
+        async with manual(ChannelHub(rt, [slack], clock=clock)) as hub:
+            await hub.poll()
+            clock.advance(120)
+            body = click({"action_id": "signoff.deny", "value": req.id, "type": "button"})
+            assert await slack.handle(body, sign(body, int(time.time()))) is None
+            await slack.idle()
+            assert len(fake.of("views.open")) == (1 if slow else 0)
+            stored = await rt.store.get_request(req.id)
+            assert stored is not None and stored.status == "expired"
+            await hub.poll()
+        why = (
+            "This request can no longer be answered: "
+            f"session {req.session_id!r} expired with pending requests {req.id}"
+        )
+        (note,) = fake.of("chat.postEphemeral")
+        assert note["text"] == why
+        if slow:
+            (form,) = fake.of("views.update")
+            assert "submit" not in form["view"]
+            assert form["view"]["blocks"][0]["text"]["text"] == why
+        (update,) = fake.of("chat.update")
+        assert update["text"].startswith("Expired: ")

@@ -23,9 +23,19 @@ import aiohttp
 from slack_sdk.errors import SlackApiError
 
 from ..._eligibility import refusal
-from ..._exceptions import AnswerError, ConflictingAnswer, NotAllowed, SignoffError, StoreError
+from ..._exceptions import (
+    AnswerError,
+    ConflictingAnswer,
+    NotAllowed,
+    SessionExpired,
+    SignoffError,
+    StoreError,
+    UnknownAgent,
+    UnknownSession,
+)
 from ..._text import is_blank
 from ..._types import InputRequest, InputResponse, Principal
+from ...stores import StoredRequest
 from .._base import logger, settled_as
 from ._blocks import (
     ANSWER_BLOCK,
@@ -209,8 +219,8 @@ class Clicks:
 
     async def _open_form(self, click: Interaction, again: bool) -> None:
         """Open Deny's or free text's form for the person who pressed, or tell them why not
-        (the request closed, they may not answer it, or a trigger that expired, say after a
-        restart: they press again).
+        (the request closed, they may not answer it, its session passed its TTL, or a trigger
+        that expired, say after a restart: they press again).
 
         Who pressed is checked first when that takes at most `FORM_WAIT` seconds (a mapping's
         `users.info` lookup cached, or quick); a slower lookup is finished after the form
@@ -227,26 +237,30 @@ class Clicks:
         if stored is None:
             await ch._tell(where, f"Request {rid} is no longer open.")
             return
-        checking = asyncio.ensure_future(self._form_refusal(click, stored.request))
+        checking = asyncio.ensure_future(self._form_refusal(click, stored))
         try:
             if stored.status != "pending":  # no form to open: the check may take its time
-                refused: str | None = await checking
+                refused: tuple[str, bool] | None = await checking
             else:
                 refused = await asyncio.wait_for(asyncio.shield(checking), FORM_WAIT)
         except TimeoutError:
             opened = await self._open_view(click, stored.request, where, again)
             refused = await checking
             if refused is not None:
-                await ch._tell(where, refused)
+                await ch._tell(where, refused[0])
                 if opened is not None:
-                    await self._refuse_view(opened, refused)
+                    await self._refuse_view(opened, refused[0])
+                if refused[1]:
+                    await self._show_closed(rid)
             return
         finally:
             checking.cancel()  # done by now, unless this task was cancelled
         # Who may not answer it is told so first, open or closed: not whether it closed, as
         # an answer of theirs would not be (`Answering._may_not_answer`).
         if refused is not None:
-            await ch._tell(where, refused)
+            await ch._tell(where, refused[0])
+            if refused[1]:
+                await self._show_closed(rid)
             return
         if stored.status != "pending":
             await ch._tell(where, f"Request {rid} is no longer open.")
@@ -254,16 +268,48 @@ class Clicks:
             return
         await self._open_view(click, stored.request, where, again)
 
-    async def _form_refusal(self, click: Interaction, request: InputRequest) -> str | None:
-        """Why the person who pressed may not open a form of `request` (what they are told),
-        or None if they may."""
+    async def _form_refusal(
+        self, click: Interaction, stored: StoredRequest
+    ) -> tuple[str, bool] | None:
+        """Why the person who pressed may not open a form of `stored` (what they are told, and
+        whether that closed the request: its session's expiry, see `_expiry`), or None if they
+        may."""
         ch = self.channel
         try:
             principal = await ch.identities.principal(click.team, click.user)
         except SlackUserUnknown as exc:
-            return f"Your answer was not taken: {str(exc).rstrip('.')}."
-        refused = await refusal(ch.runtime.agents, ch.runtime.store, request, principal)
-        return None if refused is None else f"You may not answer this request: {refused}"
+            return f"Your answer was not taken: {str(exc).rstrip('.')}.", False
+        refused = await refusal(ch.runtime.agents, ch.runtime.store, stored.request, principal)
+        if refused is not None:
+            return f"You may not answer this request: {refused}", False
+        if stored.status != "pending":
+            return None  # closed: told so by `_open_form`
+        expired = await self._expiry(stored.request)
+        return None if expired is None else (expired, True)
+
+    async def _expiry(self, request: InputRequest) -> str | None:
+        """What the person is told if the session of open `request` passed its TTL, its expiry
+        recorded as an answer (Approve's) records it (`SessionExpired`), so no form opens whose
+        submission could only be refused; None while it lives, or while a live drive runs its
+        turn on past the TTL."""
+        rt = self.channel.runtime
+        gone = f"Request {request.id} is no longer open."
+        try:
+            state = await rt._state(request.session_id)
+        except UnknownSession:  # deleted meanwhile
+            return gone
+        if not state.expired(rt.now()):
+            return None
+        try:
+            await rt._checked(request.session_id)  # records it, unless a live drive runs on
+            return None
+        except UnknownSession:
+            return gone
+        except SessionExpired as exc:
+            ended: SessionExpired | None = exc
+        except UnknownAgent:  # not this runtime's to record: told as a read sees it
+            ended = await rt._ended(state, rt.now())
+        return None if ended is None else f"This request can no longer be answered: {ended}"
 
     async def _open_view(
         self, click: Interaction, request: InputRequest, where: dict[str, str], again: bool
