@@ -2,8 +2,8 @@
 once with status 130 and one line, and nothing of it is written. On SQLite the wait (its busy
 timeout, 30 s) was inside SQLite, where no Python signal handler runs; it is on the event loop
 now. A worker's first Ctrl-C cuts its claim short there; a turn it cuts short on its second
-gives its lease back there, out of reach of a cancel, so that one ends it by the watch of
-`signoff.cli._stuck`."""
+signal (or `serve`'s) gives its lease back there, out of reach of a cancel, so that signal,
+Ctrl-C or SIGTERM, ends it by the watch of `signoff.cli._stuck`."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
+import pytest
 
 import signoff as so
 from tests._cli import ROOT, ctrl_c_timed, log, park
@@ -139,12 +140,14 @@ def test_a_ctrl_c_stops_an_idle_worker_whose_claim_waits_on_a_locked_sqlite_stor
     assert "Traceback" not in rest and rest.endswith("worker stopped\n"), rest
 
 
-def test_a_second_ctrl_c_stops_a_worker_held_in_a_locked_sqlite_store_at_once(
-    tmp_path: Path,
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_second_signal_stops_a_worker_held_in_a_locked_sqlite_store_at_once(
+    tmp_path: Path, signum: signal.Signals
 ) -> None:
-    """A worker stops on its first Ctrl-C after its running turns, and at once on a second:
-    with the turn it cuts short giving its lease back on the store another process holds
-    locked (on the event loop, up to the busy timeout), the second was not seen for 30 s."""
+    """A worker stops on its first Ctrl-C or SIGTERM after its running turns, and at once on a
+    second: with the turn it cuts short giving its lease back on the store another process holds
+    locked (on the event loop, up to the busy timeout), the second Ctrl-C was not seen for 30 s,
+    and two SIGTERMs (a supervisor's stop) did not end it in a minute."""
     url = f"sqlite:///{tmp_path / 'state.db'}"
     rt = so.Runtime([napper], store=url, inline=False)
     try:
@@ -160,16 +163,17 @@ def test_a_second_ctrl_c_stops_a_worker_held_in_a_locked_sqlite_store_at_once(
             assert time.monotonic() < deadline and proc.poll() is None, "the nap never began"
             time.sleep(0.05)
         with _write_locked(url):
-            proc.send_signal(signal.SIGINT)  # it waits for the nap (60 s)
+            proc.send_signal(signum)  # it waits for the nap (60 s)
             time.sleep(1)
             pressed = time.monotonic()
-            proc.send_signal(signal.SIGINT)
-            rest = proc.communicate(timeout=60)[1]
+            proc.send_signal(signum)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
             took = time.monotonic() - pressed
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.communicate()
+        rest = proc.communicate()[1]
     assert proc.returncode == 130, rest
     assert took < 10, took
     assert "Traceback" not in rest
@@ -209,3 +213,42 @@ def test_ctrl_c_while_an_upgrade_waits_on_a_locked_file_ends_it_at_once_unwritte
     with contextlib.closing(sqlite3.connect(db)) as conn:
         assert conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone() == ("3",)
     assert db.read_bytes() == before
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_second_signal_stops_serve_held_in_a_locked_sqlite_store_at_once(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
+    """`serve`'s second signal, Ctrl-C or SIGTERM, while its in-process worker's turn it cuts
+    short gives its lease back on a SQLite file another process holds locked: the lifespan's
+    shutdown waited for that give-back (the busy timeout, then again as the runtime closed), so
+    the server ran on past a minute. It ends at once, as a worker's second signal does."""
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    rt = so.Runtime([napper], store=url, inline=False)
+    try:
+        session_id = rt.generate_sync("napper", "Take a nap").session_id
+    finally:
+        rt.close_sync()
+    argv = [sys.executable, "-m", "signoff", "serve", "tests.test_cli_interrupts:napper"]
+    proc = _worker([*argv, "--port", "0", "--store", url])
+    try:
+        deadline = time.monotonic() + 30
+        while "tool.started" not in [e.type for e in log(url, session_id)]:
+            assert time.monotonic() < deadline and proc.poll() is None, "the nap never began"
+            time.sleep(0.05)
+        with _write_locked(url):
+            proc.send_signal(signum)  # it waits for the nap (60 s)
+            time.sleep(1)
+            pressed = time.monotonic()
+            proc.send_signal(signum)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+            took = time.monotonic() - pressed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        rest = proc.communicate()[1]
+    assert proc.returncode == 130, rest
+    assert took < 10, took
+    assert "Traceback" not in rest
+    assert rest.endswith("what this command was writing is not recorded\n"), rest

@@ -43,6 +43,7 @@ from ._serve_channels import (
     webhook_channels,
 )
 from ._store_files import own_store, unopened_like
+from ._stuck import ctrl_c_in_sqlite
 from ._waiting import open_when_up
 
 PORT = whole(0, 65535)
@@ -352,26 +353,29 @@ def serve(
     if not up[0]:
         raise typer.Exit(0)  # SIGTERM while waiting for the database
     try:
-        run_server(
-            runtime,
-            host=host,
-            port=port,
-            auth=auth,
-            channels=channels,
-            channel_state=channel_state,
-            secret=secret,
-            workers=workers,
-            sign_in_lifetime=lifetime,
-            max_streams=STREAMS_DEFAULT if max_streams is None else max_streams,
-            max_body_size=BODY_DEFAULT if max_body_size is None else max_body_size,
-            log_level=log_level,
-            metrics=metrics,
-            metrics_token=metrics_token if metrics else None,
-            max_connections=max_connections,
-            keep_alive_timeout=KEEP_ALIVE_DEFAULT
-            if keep_alive_timeout is None
-            else keep_alive_timeout,
-        )
+        # a second signal while the server is held in SQLite (a turn it cut short giving its
+        # lease back on a file another process holds locked) ends it at once
+        with ctrl_c_in_sqlite(presses=2, stops=(signal.SIGINT, signal.SIGTERM)):
+            run_server(
+                runtime,
+                host=host,
+                port=port,
+                auth=auth,
+                channels=channels,
+                channel_state=channel_state,
+                secret=secret,
+                workers=workers,
+                sign_in_lifetime=lifetime,
+                max_streams=STREAMS_DEFAULT if max_streams is None else max_streams,
+                max_body_size=BODY_DEFAULT if max_body_size is None else max_body_size,
+                log_level=log_level,
+                metrics=metrics,
+                metrics_token=metrics_token if metrics else None,
+                max_connections=max_connections,
+                keep_alive_timeout=KEEP_ALIVE_DEFAULT
+                if keep_alive_timeout is None
+                else keep_alive_timeout,
+            )
     except SignoffError as exc:  # e.g. a channel state file that cannot be opened
         fail(exc)
 

@@ -1,8 +1,8 @@
-"""Ctrl-C for a command held by a SQLite file another process holds locked: a write to it waits
-up to the busy timeout (30 s), on the event loop, where a Ctrl-C cancels it like any other wait,
-unless what waits is shielded from cancelling (a worker's claim, whose leases must not be lost)
-or a call into SQLite itself (a store opening) holds the main thread, where no Python signal
-handler runs until it returns.
+"""Ctrl-C (or a `worker`'s or `serve`'s second SIGTERM) for a command held by a SQLite file
+another process holds locked: a write to it waits up to the busy timeout (30 s), on the event
+loop, where a Ctrl-C cancels it like any other wait, unless what waits is out of reach of a
+cancel (a turn a forced stop cut short giving its lease back) or a call into SQLite itself (a
+store opening) holds the main thread, where no Python signal handler runs until it returns.
 
 A thread watches the interpreter's signal wakeup pipe, which is written to the moment a signal
 arrives; when a SQLite store call then still waits for the lock, or the main thread stays in one
@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 from ..stores.sqlite import waiting_for_lock
 
@@ -32,11 +32,14 @@ _SQLITE_STORE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "stores
 
 
 @contextlib.contextmanager
-def ctrl_c_in_sqlite(presses: int = 1) -> Iterator[None]:
-    """While inside, the `presses`th Ctrl-C (and each after it) that finds the main thread held
-    in a SQLite store call ends the process with status 130 and one line (`worker` stops on its
-    first Ctrl-C cleanly, at its second at once). A wakeup fd set already (asyncio's, which
-    dispatches the loop's signal handlers by it) gets each byte."""
+def ctrl_c_in_sqlite(
+    presses: int = 1, *, stops: Collection[int] = (signal.SIGINT,)
+) -> Iterator[None]:
+    """While inside, the `presses`th signal of `stops` (and each after it) that finds the main
+    thread held in a SQLite store call ends the process with status 130 and one line (`worker`
+    and `serve` stop on their first Ctrl-C or SIGTERM cleanly, at their second at once). A
+    wakeup fd set already (asyncio's, which dispatches the loop's signal handlers by it) gets
+    each byte."""
     if os.name != "posix" or threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -46,7 +49,7 @@ def ctrl_c_in_sqlite(presses: int = 1) -> Iterator[None]:
     done = threading.Event()
     watcher = threading.Thread(
         target=_watch,
-        args=(read_end, previous, threading.main_thread().ident, done, presses),
+        args=(read_end, previous, threading.main_thread().ident, done, presses, stops),
         name="signoff-ctrl-c",
         daemon=True,
     )
@@ -61,19 +64,25 @@ def ctrl_c_in_sqlite(presses: int = 1) -> Iterator[None]:
 
 
 def _watch(
-    read_end: int, previous: int, main: int | None, done: threading.Event, presses: int
+    read_end: int,
+    previous: int,
+    main: int | None,
+    done: threading.Event,
+    presses: int,
+    stops: Collection[int],
 ) -> None:
     """Read signal numbers off the wakeup pipe until it closes, passing them on; from the
-    `presses`th SIGINT, end the process if the main thread stays in one SQLite store call for
-    `_STUCK_FOR` seconds."""
+    `presses`th signal of `stops`, end the process if the main thread stays in one SQLite store
+    call for `_STUCK_FOR` seconds."""
     pressed = 0
     try:
         while got := os.read(read_end, 512):
             if previous != -1:
                 with contextlib.suppress(OSError):
                     os.write(previous, got)
-            pressed += got.count(signal.SIGINT)
-            if pressed >= presses and signal.SIGINT in got and _held(main, done):
+            counted = sum(got.count(signum) for signum in stops)
+            pressed += counted
+            if pressed >= presses and counted and _held(main, done):
                 _end()
     finally:
         os.close(read_end)

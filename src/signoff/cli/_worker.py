@@ -135,9 +135,9 @@ def worker(
             loop.add_signal_handler(sig, on_signal, sig)
         for signum in early[:1]:
             on_signal(signum)
-        # a second Ctrl-C held in SQLite ends it at once; set after the loop's handlers, whose
+        # a second signal held in SQLite ends it at once; set after the loop's handlers, whose
         # wakeup fd it passes each signal on to
-        with ctrl_c_in_sqlite(presses=2):
+        with ctrl_c_in_sqlite(presses=2, stops=(signal.SIGINT, signal.SIGTERM)):
             try:
                 if not await open_when_up(runtime, stop, log.warning):
                     log.info("worker stopped")
