@@ -130,14 +130,16 @@ async def test_a_claim_whose_acknowledgement_is_lost_returns_what_it_claimed(
     assert await store.claim("w2", 30, now, 5) == []  # leased once, to w1
 
 
+@pytest.mark.parametrize("before", ["old", "new"], ids=["another-hubs", "its-own"])
 async def test_a_channel_claim_whose_acknowledgement_is_lost_says_when_the_one_before_lapsed(
-    cluster: PgCluster, store: PostgresStore
+    cluster: PgCluster, store: PostgresStore, before: str
 ) -> None:
-    """A hub takes a claim that lapsed an hour ago, at position 100: sent again after its
-    acknowledgement was lost, the take still says it lapsed then (not at the expiry the first
-    attempt set, this hub's own), so the hub starts at the end rather than deliver from a
-    position that stale (`Claims.take`: `FRESH`)."""
-    held, _, _ = await store.claim_channel("hub.slack", "old", 30, time.time(), after_id=100)
+    """A hub takes a claim that lapsed an hour ago, at position 100, another hub's or its own
+    (its give-back failed, the store down): sent again after its acknowledgement was lost, the
+    take still says it lapsed then (not at the expiry the first attempt set, this hub's own),
+    so the hub starts at the end rather than deliver from a position that stale (`Claims.take`:
+    `FRESH`). Its own claim's retry said the new expiry, 30 s ahead: judged fresh."""
+    held, _, _ = await store.claim_channel("hub.slack", before, 30, time.time(), after_id=100)
     assert held
     async with (await store._get_pool()).connection() as conn:
         await conn.execute(

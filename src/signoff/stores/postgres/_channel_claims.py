@@ -67,23 +67,26 @@ class ChannelClaims(Connections):
             "WHERE c.owner = %s::text AND c.expires_at = %s::float8 RETURNING after_id)"
             f"{keep} SELECT after_id FROM k"
         )
-        # The claim as this call first found it, kept while it names `owner` from then on: an
-        # attempt sent again after its acknowledgement was lost finds the claim its own, at the
-        # expiry it set, and says when the one before lapsed all the same (a claim lapsed long
-        # ago passes no position on: `Claims.take`).
+        # The claim as this call found it before it sent a write, kept while it names `owner`
+        # from then on: an attempt sent again after its acknowledgement was lost finds the
+        # claim its own, at the expiry it set, and says when the one before lapsed all the same,
+        # whoever held it (this hub's own, lapsed as its give-back failed, too): a claim lapsed
+        # long ago passes no position on (`Claims.take`).
         found: list[tuple[str, float] | None] = []
+        sent = False
 
         async def body(conn: Conn) -> tuple[bool, int | None, float | None]:
+            nonlocal sent
             for _ in range(_RACES):
                 cur = await conn.execute(read, (name,))
                 row = await cur.fetchone()
-                mine = row is not None and row[0] == owner
-                if not (mine and found and (found[0] is None or found[0][0] != owner)):
+                if not (sent and found and row is not None and row[0] == owner):
                     found[:] = [None if row is None else (str(row[0]), float(row[1]))]
                 if row is not None and row[0] not in ("", owner) and not row[2]:
                     if succeeds is None or not str(row[0]).startswith(succeeds):
                         return False, None, None  # another's, live: nothing written
                 held = (None, None) if row is None else (row[0], row[1])
+                sent = True  # it may commit with its acknowledgement lost
                 cur = await conn.execute(write, [name, owner, ttl, after_id, *held, *kept_args])
                 took = await cur.fetchone()
                 if took is not None:
