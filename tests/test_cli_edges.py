@@ -130,7 +130,7 @@ def test_approving_or_denying_a_question_says_to_answer_it(url: str, command: st
     assert result.exit_code == 1, result.output
     assert result.stderr == (
         f"error: InvalidAnswer: {question.id} is a question (Which size?), not an approval: "
-        f"signoff answer {question.id} --option ID or --text TEXT\n"
+        f"signoff answer {question.id} --store {url} --option ID or --text TEXT\n"
     )
     assert len(log(url, question.session_id)) == before
 
@@ -148,7 +148,7 @@ def test_answering_an_approval_with_text_or_an_option_says_to_approve_or_deny_it
     assert result.exit_code == 1, result.output
     assert result.stderr == (
         f"error: InvalidAnswer: {request_id} is an approval (issue_refund), not a question: "
-        f"signoff approve {request_id} or signoff deny {request_id}\n"
+        f"signoff approve {request_id} --store {url} or signoff deny {request_id} --store {url}\n"
     )
     assert len(log(url, session_id)) == before
     approved = invoke("answer", request_id, "--option", "approve", "--store", url)
@@ -245,7 +245,7 @@ def test_the_answer_chat_says_to_give_later_is_one_the_question_takes(
     assert later.group(1) == "`" + f"{command} " + "` or `".join(flags) + "`", later.group(1)
     refused = invoke("approve", question["id"], "--store", url)
     assert refused.exit_code == 1
-    assert refused.stderr.endswith(f"{command.split(' --store')[0]} {' or '.join(flags)}\n")
+    assert refused.stderr.endswith(f"{command} {' or '.join(flags)}\n")  # the same command
     answered = invoke("answer", question["id"], "--store", url, *given)
     assert answered.exit_code == 0, answered.output
 
@@ -314,7 +314,7 @@ def test_approve_or_deny_refuses_a_question_whose_options_are_approve_and_cancel
     assert result.exit_code == 1, result.output
     assert result.stderr == (
         f"error: InvalidAnswer: {question.id} is a question (Go ahead?), not an approval: "
-        f"signoff answer {question.id} --option ID\n"
+        f"signoff answer {question.id} {shlex.join([*target, '--store', url])} --option ID\n"
     )
     assert len(log(url, question.session_id)) == before
     answered = invoke("answer", question.id, "--option", "cancel", "--store", url)

@@ -435,6 +435,36 @@ def test_acting_as_the_asker_settles(url: str) -> None:
     assert refused_usage(bad).startswith("Invalid value: --as takes AUTHENTICATOR:ID")
 
 
+@pytest.mark.parametrize("target", [[], ["tests._cli:sizer"]])
+def test_a_wrong_kind_refusal_names_the_command_to_run_as_printed(
+    url: str, target: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`approve` of a question named `signoff answer REQ --option ID or --text TEXT` without the
+    `MODULE:RUNTIME`, `--store` and `--as` typed: run as printed (elsewhere, no SIGNOFF_STORE),
+    it opened the default store ("no store at .signoff/state.db"), or answered as another.
+    The hint keeps them, as the `NotAllowed` one does, and answers the question as printed."""
+    alice = so.Principal(authenticator="web", principal_id="alice")
+    rt = so.Runtime([sizer], store=url)
+    try:
+        question = rt.generate_sync("sizer", "I want coffee", auth=alice).pending[0]
+    finally:
+        rt.close_sync()
+    monkeypatch.delenv("SIGNOFF_STORE", raising=False)
+    monkeypatch.chdir(tmp_path)  # no default store here
+    where = [*target, "--store", url, "--as", "web:alice"]
+    told = invoke("approve", question.id, *where)
+    assert told.exit_code == 1, told.output
+    hint = told.stderr.split("not an approval: ", 1)[1].rstrip("\n")
+    rid = shlex.join([question.id, *where])
+    assert hint == f"signoff answer {rid} --option ID or --text TEXT", told.stderr
+    printed = shlex.split(hint.split(" or ")[0].replace("--option ID", "--option 1"))
+    answered = invoke(*printed[1:])
+    assert answered.exit_code == 0, answered.output
+    assert f"answered {question.id} with 1" in answered.output
+    settled = next(e for e in log(url, question.session_id) if e.type == "input.resolved")
+    assert settled.data["by"]["principal_id"] == "alice", settled.data
+
+
 @pytest.mark.parametrize("given", [" ", "web: ", "\t:alice"])
 def test_as_naming_no_one_is_refused_before_anything_runs(
     given: str, url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

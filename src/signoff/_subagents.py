@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Protocol, runtime_ch
 from pydantic import AfterValidator, Field
 
 from ._agent import unpriced
-from ._answers import check_text
+from ._answers import Reply, check_delegate_tools, check_text
 from ._cancellation import cancelled_by
 from ._child_sessions import CHILD_KEY, cancel_orphan, child_id
 from ._exceptions import (
@@ -32,6 +32,7 @@ from ._exceptions import (
     StoreError,
     UnknownAgent,
     UnknownSession,
+    UnknownTool,
     UsageError,
 )
 from ._recording import TurnStopped
@@ -42,7 +43,7 @@ from ._sweeps import one_of_many
 from ._text import NOTHING_SAID, is_blank
 from ._tool_context import ToolContext
 from ._tools import TOOL_NAME, Tool
-from ._types import InputRequest
+from ._types import ChildRef, InputRequest
 from .stores import SessionSummary
 from .stores._swept_rows import Swept, readable_sessions
 
@@ -56,6 +57,7 @@ __all__ = [
     "RuntimeHost",
     "SubagentFailed",
     "delegate",
+    "delegate_gone",
     "delegate_tools",
     "is_delegate",
     "missing_targets",
@@ -140,6 +142,26 @@ def is_delegate(tool: Tool) -> bool:
 def delegate_tools(tools: Mapping[str, Tool]) -> list[str]:
     """The names of the delegate tools among an agent's `tools`."""
     return [name for name, tool in tools.items() if is_delegate(tool)]
+
+
+async def delegate_gone(rt: Runtime, way: Sequence[InputRequest]) -> tuple[str, ChildRef] | None:
+    """Why an answer through the mirrors of `way` (`deciding_way`) is refused `UnknownTool`, as
+    the runtime judges each (`check_delegate_tools`: a parent's agent no longer has the delegate
+    tool its call ran), and the subagent's request that can still be answered; reads only, so a
+    dashboard card or a chat prompt offers no answer that could only fail."""
+    for mirror in way[:-1]:
+        try:
+            state = await rt._state(mirror.session_id)
+        except UnknownSession:
+            continue  # deleted since
+        agent = rt.agents.get(state.agent)
+        if agent is None or mirror.child is None:
+            continue  # refused as `UnknownAgent` instead
+        try:
+            check_delegate_tools(state, delegate_tools(agent.tools), [Reply(mirror.id, None, None)])
+        except UnknownTool as exc:
+            return str(exc), mirror.child
+    return None
 
 
 def unpriced_delegates(agents: Mapping[str, Agent]) -> str | None:

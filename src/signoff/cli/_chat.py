@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 
 from .._agent import Agent
+from .._eligibility import refusal
 from .._exceptions import (
     AnswerError,
     InvalidAnswer,
@@ -17,16 +18,20 @@ from .._exceptions import (
     SignoffError,
     StoreError,
     TooLarge,
+    UnknownTool,
     UsageError,
 )
+from .._mirrors import deciding_way
 from .._prompts import check_prompt
 from .._results import GenerateResult
 from .._runtime import Runtime
 from .._state import SessionState, starts_queued, turn_over
+from .._subagents import delegate_gone
 from .._text import is_blank
 from .._types import InputRequest, InputResponse, Principal
 from ..channels.terminal import TerminalChannel, printable
 from ..models import Scripted
+from ..stores import SQLiteStore
 from ._app import (
     AsOption,
     StoreOption,
@@ -216,7 +221,9 @@ class _Chat:
 
     async def resumable(self, session_id: str) -> SessionState:
         """The state of the session `--session` names, if this chat can continue it: one that
-        does not exist, or of another agent, is refused."""
+        does not exist, or of another agent, is refused, and one past its TTL (`SessionExpired`,
+        which each message would meet) unless a live drive runs its turn on (`_ended`), as the
+        dashboard judges it; this reads only."""
         state = await self.runtime._state(session_id)
         if state.agent != self.agent.name:
             how = (
@@ -225,6 +232,9 @@ class _Chat:
                 else f"which this runtime does not have (it has: {', '.join(self.runtime.agents)})"
             )
             raise UsageError(f"session {session_id!r} belongs to agent {state.agent!r}: {how}")
+        expired = await self.runtime._ended(state, self.runtime.now())
+        if expired is not None:
+            raise expired
         return state
 
     async def reopen(self, state: SessionState) -> bool:
@@ -256,6 +266,24 @@ class _Chat:
         which += " queued behind it " + ("starts" if n == 1 else "start")
         self.console.print(f"[dim]the last turn ended; {which} now[/]")
 
+    @property
+    def in_memory(self) -> bool:
+        """Whether the store lives in this process alone (`sqlite:///:memory:`): what is left
+        pending there is lost when chat exits, and no command elsewhere can answer it."""
+        store = self.runtime.store
+        return isinstance(store, SQLiteStore) and store.path == ":memory:"
+
+    async def cannot_answer(self, request: InputRequest) -> str | None:
+        """Why no answer to `request` given here could be taken, for one who may answer it: a
+        mirror whose delegate tool a deploy took from its parent's agent (`delegate_gone`, as
+        the dashboard shows it instead of its buttons). One who may not is asked as before, and
+        told `NotAllowed` with the command the asker runs."""
+        rt = self.runtime
+        if await refusal(rt.agents, rt.store, request, self.principal) is not None:
+            return None
+        gone = await delegate_gone(rt, await deciding_way(rt.store, request))
+        return None if gone is None else gone[0]
+
     async def follow(self, result: GenerateResult) -> bool:
         """Answer the turn's requests inline until it ends; False if the person left."""
         answered: set[str] = set()
@@ -268,25 +296,46 @@ class _Chat:
     async def _follow(
         self, result: GenerateResult, answered: set[str], unanswered: set[str]
     ) -> bool:
+        unanswerable: set[str] = set()  # refused `UnknownTool` here, said so and not asked again
         while True:
             await self.trace(result.session_id)
             if result.status != "waiting" or not result.pending:
                 break
             # as a typed message answers them: a session-limit prompt first, else as asked
             open_requests = sorted(
-                (r for r in result.pending if r.id not in answered),
+                (r for r in result.pending if r.id not in answered | unanswerable),
                 key=lambda r: r.kind != "session-limit",
             )
-            if not open_requests:  # e.g. approvals=N: the others must answer now
-                ids = ", ".join(r.id for r in result.pending)
+            others = [r.id for r in result.pending if r.id not in unanswerable]
+            if not open_requests and others:  # e.g. approvals=N: the others must answer now
+                later = (
+                    "its store is this process's memory (sqlite:///:memory:): it is lost when "
+                    "chat exits"
+                    if self.in_memory
+                    else f"`signoff chat ... --session {result.session_id}` continues it later"
+                )
                 self.console.print(
-                    f"[yellow]the turn waits for other people to answer {ids}[/]; "
-                    f"`signoff chat ... --session {result.session_id}` continues it later"
+                    f"[yellow]the turn waits for other people to answer {', '.join(others)}[/]; "
+                    + later
                 )
                 return False
+            if not open_requests:  # each said how it can be settled instead
+                return False
             request = open_requests[0]
+            why = await self.cannot_answer(request)
+            if why is not None:
+                self.console.print(f"[yellow]{printable(why)}[/]")
+                unanswerable.add(request.id)
+                continue
             with ctrl_c_interrupts():
                 answer = self.channel.ask(request)
+            if answer is None and self.in_memory:
+                self.console.print(
+                    f"\n[yellow]left {request.id} pending[/]; its store is this process's memory "
+                    "(sqlite:///:memory:), so it is lost when chat exits: no command can answer "
+                    "it later"
+                )
+                return False
             if answer is None:
                 where = self.answer_args(request)
                 later = (
@@ -314,6 +363,11 @@ class _Chat:
                     self.console.print(f"[dim]{printable(hint)}[/]")
                 self.refused = True
                 return False
+            except UnknownTool as exc:  # a deploy took the delegate tool since `cannot_answer`
+                self.console.print(f"[red]{type(exc).__name__}: {printable(str(exc))}[/]")
+                answered.discard(request.id)
+                unanswerable.add(request.id)
+                unanswered.add(request.id)
             except AnswerError as exc:  # someone else answered first, or it closed meanwhile
                 self.console.print(f"[red]{type(exc).__name__}: {printable(str(exc))}[/]")
                 result = await self.runtime.generate(session_id=result.session_id)
@@ -400,7 +454,8 @@ def chat(
         console = out()
         async with runtime:
             if picked is None:
-                owner = (await runtime.state(str(session))).agent
+                # read only: `Runtime.state` would record a passed TTL, which `resumable` refuses
+                owner = (await runtime._state(str(session))).agent
                 # one it lacks: any of its agents, which `reopen` then refuses, naming them
                 picked = runtime.agents.get(owner) or next(iter(runtime.agents.values()))
             chat = _Chat(

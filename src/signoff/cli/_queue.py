@@ -7,6 +7,7 @@ import dataclasses
 import json
 import shlex
 import time
+from collections.abc import Sequence
 from typing import Annotated, NoReturn
 
 import typer
@@ -292,22 +293,26 @@ def _unknown_request(request_id: str, where: str) -> UnknownRequest:
 _SETTLED = frozenset({"approved", "cancelled", "answered"})
 
 
-def _wrong_kind(command: str, request: InputRequest, answer: InputResponse) -> InvalidAnswer | None:
-    """An answer of the wrong kind, refused naming the command that answers `request`: a
-    decision answers approvals only (`check_decided`), not a question whose options happen to
-    be `approve` and `cancel` (with `--reason` it failed in the API's terms); `answer` with text
-    or a question's option decides no approval (the engine's refusal names `option_id`)."""
+def _wrong_kind(
+    command: str, request: InputRequest, answer: InputResponse, where: Sequence[str]
+) -> InvalidAnswer | None:
+    """An answer of the wrong kind, refused naming the command that answers `request`, to run
+    as printed (`where`: the MODULE:RUNTIME, `--store` and `--as` typed): a decision answers
+    approvals only (`check_decided`), not a question whose options happen to be `approve` and
+    `cancel` (with `--reason` it failed in the API's terms); `answer` with text or a question's
+    option decides no approval (the engine's refusal names `option_id`)."""
+    rid = shlex.join([request.id, *where])
     if command in ("approve", "deny") and request.kind != "tool-approval":
         what = request.question or request.kind
         return InvalidAnswer(
             f"{request.id} is a {request.kind} ({what}), not an approval: "
-            f"signoff answer {request.id} {' or '.join(answer_flags(request))}",
+            f"signoff answer {rid} {' or '.join(answer_flags(request))}",
             [request.id],
         )
     if request.kind == "tool-approval" and answer.option_id not in ("approve", "cancel"):
         return InvalidAnswer(
             f"{request.id} is an approval ({request.tool_name}), not a question: "
-            f"signoff approve {request.id} or signoff deny {request.id}",
+            f"signoff approve {rid} or signoff deny {rid}",
             [request.id],
         )
     return None
@@ -343,13 +348,6 @@ async def _settle(
         if stored is None:
             raise _unknown_request(request_id, shown_store(runtime.store.url))
         request = stored.request
-        wrong = _wrong_kind(command, request, answer)
-        # Told only to who may answer it: the runtime refuses anyone else, as for any answer.
-        if (
-            wrong is not None
-            and await refusal(runtime.agents, runtime.store, request, principal) is None
-        ):
-            raise wrong
         # Who may not answer it is told to run as the asker what answers it: what was typed,
         # with its flag, where the request takes it, on this runtime and store (a runtime's
         # own store is not named: its URL, password masked, would not open it); so too in
@@ -359,6 +357,14 @@ async def _settle(
         else:
             on_store = store_args(runtime.store.url)
         runs_on = [target, *on_store] if target else on_store
+        as_typed = [] if acting_as is None else ["--as", acting_as]
+        wrong = _wrong_kind(command, request, answer, [*runs_on, *as_typed])
+        # Told only to who may answer it: the runtime refuses anyone else, as for any answer.
+        if (
+            wrong is not None
+            and await refusal(runtime.agents, runtime.store, request, principal) is None
+        ):
+            raise wrong
         on = "".join(f" {shlex.quote(arg)}" for arg in on_store)
         hinted = answering(command, request, None if wrong is not None else answer, runs_on)
         if loaded is None and (

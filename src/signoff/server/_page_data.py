@@ -11,15 +11,14 @@ from urllib.parse import urlencode
 from fastapi import Request
 
 from .._agent import Agent
-from .._answers import Reply, check_delegate_tools
 from .._approval import guardrail_setting
 from .._audit_trail import TOOL_SETTING, TOOLS_STREAM, entries
 from .._eligibility import refusal, voted
 from .._events import EVENT_TYPES, Event
-from .._exceptions import UnknownRequest, UnknownSession, UnknownTool
+from .._exceptions import UnknownRequest, UnknownSession
 from .._mirrors import deciding_way, named_as_answered
 from .._state import SessionState
-from .._subagents import delegate_tools
+from .._subagents import delegate_gone
 from .._trace_content import shown_data
 from .._types import ChildRef, InputRequest, Principal
 from ..models import Scripted
@@ -269,7 +268,7 @@ async def _refusals(
         if lacking is not None:
             out[rid] = _elsewhere(rid, lacking)
             continue
-        gone = await _delegate_gone(ctx, way)
+        gone = await delegate_gone(rt, way)
         if gone is not None:
             out[rid], ref = gone
             try:
@@ -278,28 +277,6 @@ async def _refusals(
                 continue  # a session the viewer may not see: no link to it
             answer_in[rid] = ref
     return out, answer_in
-
-
-async def _delegate_gone(
-    ctx: ServerContext, way: list[InputRequest]
-) -> tuple[str, ChildRef] | None:
-    """Why an answer through the mirrors of `way` is refused `unknown_tool`, as the runtime
-    judges each on its way (`check_delegate_tools`: a parent's agent no longer has the delegate
-    tool its call ran), and the subagent's request that can still be answered; reads only."""
-    rt = ctx.runtime
-    for mirror in way[:-1]:
-        try:
-            state = await rt._state(mirror.session_id)
-        except UnknownSession:
-            continue  # deleted since the page's other reads
-        agent = rt.agents.get(state.agent)
-        if agent is None or mirror.child is None:
-            continue  # refused as `unknown_agent` (`_refusals`)
-        try:
-            check_delegate_tools(state, delegate_tools(agent.tools), [Reply(mirror.id, None, None)])
-        except UnknownTool as exc:
-            return str(exc), mirror.child
-    return None
 
 
 def _elsewhere(request_id: str, agent: str) -> str:

@@ -1,0 +1,151 @@
+"""`signoff chat` (`_chat`) offers nothing that could only fail: a `--session` past its TTL is
+refused before anything is printed, a mirror whose delegate tool a deploy took away is not
+asked (`delegate_gone`, as the dashboard judges it), and a request left pending in a store of
+this process's memory is said to be lost, not to be answered later by a command."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+import signoff as so
+from signoff.cli import app
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent, store_contents
+
+from . import test_subagents_tool_gone as gone
+from ._cli import agent, treasurer, url
+
+__all__ = ["url"]  # the fixture, used by name
+
+CLOCK = ManualClock()
+DEPLOYED: dict[str, Any] = {}
+"""The agents of `deployed`'s runtime; each test that chats with it sets them."""
+
+
+@so.tool(approval=so.always())
+async def refund(order_id: str) -> dict[str, str]:
+    """Refund an order."""
+    return {"refunded": order_id}
+
+
+TTL = so.Limits(ttl=60)
+idle = scripted_agent("idle", [reply("hi")], repeat_last=True, limits=TTL)
+waiting = scripted_agent(
+    "waiting", [call_tools(call("refund", order_id="1")), reply("done")], tools=[refund], limits=TTL
+)
+
+
+def timed() -> so.Runtime:
+    """A runtime on `CLOCK` whose agents' sessions live 60 s past their last activity."""
+    return so.Runtime([idle, waiting], clock=CLOCK, store="sqlite:///unused.db")
+
+
+def deployed() -> so.Runtime:
+    """The runtime after a deploy: `DEPLOYED`'s agents."""
+    return so.Runtime(DEPLOYED["agents"], store="sqlite:///unused.db")
+
+
+def in_memory() -> so.Runtime:
+    return so.Runtime([agent, treasurer], store="sqlite:///:memory:")
+
+
+async def _contents(url: str, *session_ids: str) -> list[Any]:
+    async with so.Runtime([], store=url) as rt:
+        return [await store_contents(rt.store, s) for s in session_ids]
+
+
+@pytest.mark.parametrize("name", ["idle", "waiting"])
+def test_a_session_past_its_ttl_is_refused_before_anything_is_printed(
+    url: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`chat --session` of a session past its TTL printed its header and "(resumed)", then
+    refused each message typed (`SessionExpired`), or failed as its waiting turn was taken up.
+    It is the one red line alone, exit 1, and nothing is recorded (the expiry is left to the
+    next drive, as the dashboard's read leaves it)."""
+    monkeypatch.setattr(CLOCK, "now", 1_000_000.0)
+    rt = so.Runtime([idle, waiting], clock=CLOCK, store=url)
+    try:
+        r = rt.generate_sync(name, "refund 1")
+    finally:
+        rt.close_sync()
+    sid = r.session_id
+    assert r.status == ("completed" if name == "idle" else "waiting")
+    target = ["chat", "tests.test_cli_chat_dead_ends:timed", "--store", url, "--session", sid]
+    CLOCK.advance(59)  # within its TTL: resumed, as before
+    alive = CliRunner().invoke(app, target, input="")
+    assert alive.exit_code == 0, alive.output
+    assert f"session {sid} (resumed)" in alive.output, alive.output
+    CLOCK.advance(61)
+    before = asyncio.run(_contents(url, sid))
+    chat = CliRunner().invoke(app, target, input="hello\n")
+    assert chat.exit_code == 1, chat.output
+    assert chat.stdout == "", chat.stdout
+    pending = "" if name == "idle" else f" with pending requests {r.pending[0].id}"
+    assert chat.stderr == f"error: SessionExpired: session '{sid}' expired{pending}\n"
+    assert asyncio.run(_contents(url, sid)) == before
+
+
+def _park_gone(url: str) -> gone._Parked:
+    parked = asyncio.run(gone._parked(url))
+    DEPLOYED["agents"] = [parked.parent, parked.child]
+    return parked
+
+
+def _chat_gone(url: str, session_id: str, *, as_: str = "okta:alice") -> Any:
+    args = ["chat", "tests.test_cli_chat_dead_ends:deployed", "--store", url]
+    return CliRunner().invoke(app, [*args, "--session", session_id, "--as", as_], input="y\n")
+
+
+def test_a_mirror_whose_delegate_tool_is_gone_is_not_asked(url: str) -> None:
+    """A deploy took the parent's delegate tool while its call waited on the child's approval:
+    chat asked `(y/N)` on the mirror, and either answer ended the chat with `error:
+    UnknownTool`, exit 1. Chat says why instead of asking, and where the child's request can
+    be answered; nothing is recorded. Who may not answer it is asked and refused as before."""
+    r, mirror, *_ = _park_gone(url)
+    kid = mirror.child
+    assert kid is not None
+    before = asyncio.run(_contents(url, r.session_id, kid.session_id))
+    chat = _chat_gone(url, r.session_id)
+    assert chat.exit_code == 0, chat.output
+    assert chat.stderr == "", chat.stderr
+    assert "(y/N)" not in chat.output, chat.output
+    assert f"unknown tool 'billing': request {mirror.id} was asked for delegate call" in chat.output
+    assert f"answer billing's request {kid.request_id} in its session" in chat.output
+    assert asyncio.run(_contents(url, r.session_id, kid.session_id)) == before
+    other = _chat_gone(url, r.session_id, as_="okta:bob")
+    assert "(y/N)" in other.output and "NotAllowed" in other.output, other.output
+    assert "unknown tool" not in other.output
+    assert asyncio.run(_contents(url, r.session_id, kid.session_id)) == before
+
+
+def test_an_answer_refused_for_a_gone_delegate_tool_does_not_end_chat_with_an_error(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deploy landed between chat's look and the answer (the look stubbed to find the tool
+    there): the refusal is one red line in the chat, not `error:` ending it; the mirror is not
+    asked again, and chat exits 1, the answer typed not carried out."""
+    r, mirror, *_ = _park_gone(url)
+
+    async def there(*_: object) -> None:
+        return None
+
+    monkeypatch.setattr("signoff.cli._chat.delegate_gone", there, raising=False)
+    chat = _chat_gone(url, r.session_id)
+    assert chat.exit_code == 1, chat.output
+    assert chat.stderr == "", chat.stderr
+    assert chat.output.count("(y/N)") == 1, chat.output
+    assert f"UnknownTool: unknown tool 'billing': request {mirror.id}" in chat.output
+
+
+def test_a_request_left_in_a_store_of_this_process_is_said_to_be_lost(url: str) -> None:
+    """Over `sqlite:///:memory:`, chat said to answer a request left pending later with
+    `signoff approve REQ --store sqlite:///:memory:`, which opens another, empty, store."""
+    for name, typed in (("support", "refund 1042\n"), ("treasurer", "pay ACME\ny\n")):
+        args = ["chat", "tests.test_cli_chat_dead_ends:in_memory", "--agent", name]
+        chat = CliRunner().invoke(app, args, input=typed)
+        assert chat.exit_code == 0, chat.output
+        assert "lost when chat exits" in chat.output, chat.output
+        assert ":memory:`" not in chat.output and "--session" not in chat.output
