@@ -9,9 +9,10 @@ import asyncio
 import itertools
 import json
 import threading
+from collections.abc import Iterable
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, Field, SecretStr
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr
 
 import signoff as so
 from signoff.testing import Capture, call, call_tools, reply, scripted_agent, tool_results
@@ -256,3 +257,92 @@ async def test_a_generated_value_a_validator_changes_is_not_changed_twice(store_
         r = await rt.respond(r.session_id, [answer])
         assert r.status == "completed", r
     assert len(seen_refs) == 2 and all(ref.count("!") == 1 for ref in seen_refs)
+
+
+_FALLING = itertools.count()
+
+
+def _falling_id() -> str:
+    """An id that sorts before the one made before it: a set's form, sorted by its items' JSON
+    text (the id first), lists them in the reverse of the model's order."""
+    return f"id-{999 - next(_FALLING):03d}"
+
+
+class Stock(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    sku: str
+    line_id: str = Field(default_factory=_falling_id)
+
+
+def _by_sku(items: list[Stock]) -> list[Stock]:
+    return sorted(items, key=lambda item: item.sku)
+
+
+async def _reserve_twice(store_url: str, order: so.Tool, skus: str) -> tuple[Any, Any, Any]:
+    """Run `order` (a workflow tool that reserves each item by its id, then asks) on items of
+    `skus` and answer its question: its `tool.started`'s `filled` and the result."""
+    seen = Capture(reply("ok"))
+    proposal = call("order", items=[{"sku": sku} for sku in skus])
+    agent = scripted_agent("a", [call_tools(proposal), seen], tools=[order])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("a", prompt="go")
+        [question] = r.pending
+        answer = so.InputResponse(request_id=question.id, option_id="yes")
+        r = await rt.respond(r.session_id, [answer])
+        assert r.status == "completed", r
+        [started] = await _started(rt, r.session_id)
+    [result] = tool_results(seen.last)
+    return started.get("filled"), result.content, question.question
+
+
+async def _reserved(ctx: so.ToolContext, items: Iterable[Stock], runs: list[Any]) -> Any:
+    pairs = sorted((item.sku, item.line_id) for item in items)
+    runs.append(pairs)
+    done = {sku: await ctx.step(f"reserve {i}", lambda s=sku: f"held-{s}") for sku, i in pairs}
+    await ctx.ask(f"Confirm {pairs}?", options=["yes", "no"])
+    return done
+
+
+async def test_a_sets_generated_ids_stay_on_their_items_when_the_body_runs_again(
+    store_url: str,
+) -> None:
+    """The ids validation generated in a set's items were recorded by their place in its form,
+    which sorts the items by their JSON text (the id too), and put back by the same places in
+    the model's items: the re-run gave each item another's id, silently replaying one item's
+    step result for another. Such an input's whole form is recorded, and the re-run gets the
+    items as the first run had them."""
+    runs: list[Any] = []
+
+    @so.tool
+    async def order(ctx: so.ToolContext, items: frozenset[Stock]) -> Any:
+        """Reserve each item, then confirm."""
+        return await _reserved(ctx, items, runs)
+
+    filled, result, _ = await _reserve_twice(store_url, order, "abcd")
+    first, again = runs
+    assert again == first
+    assert result == {sku: f"held-{sku}" for sku in "abcd"}
+    assert isinstance(filled, list) and len(filled) == 1
+    assert sorted((i["sku"], i["line_id"]) for i in filled[0]["items"]) == first
+
+
+async def test_a_lists_generated_ids_stay_on_their_items_where_a_validator_sorts_it(
+    store_url: str,
+) -> None:
+    """A list a validator sorts: its form's places are not the model's, so the ids put back by
+    place validated to other ones, and the re-run generated new ids and raised a `ReplayError`
+    after a person had answered. The re-run gets the first run's items."""
+    runs: list[Any] = []
+
+    @so.tool
+    async def order(
+        ctx: so.ToolContext, items: Annotated[list[Stock], AfterValidator(_by_sku)]
+    ) -> Any:
+        """Reserve each item, then confirm."""
+        return await _reserved(ctx, items, runs)
+
+    filled, result, question = await _reserve_twice(store_url, order, "dcba")
+    first, again = runs
+    assert again == first and question == f"Confirm {first}?"
+    assert result == {sku: f"held-{sku}" for sku in "abcd"}
+    assert isinstance(filled, list) and len(filled) == 1

@@ -12,7 +12,7 @@ from pydantic_core import PydanticSerializationError
 from ._input_sets import python_dump, sets_alike
 from ._tool_json import holds_mask, is_mask, own_input
 from ._tools import Tool
-from ._types import Action, input_hash
+from ._types import Action, input_hash, same_json
 
 __all__ = ["as_approved", "as_started", "binds", "left_out", "still_bound"]
 
@@ -65,19 +65,60 @@ def as_approved(action: Action, tool: Tool, raw: Any) -> tuple[Any, BaseModel] |
     return None if validated is None else (action.input, validated)
 
 
-def left_out(tool: Tool, raw: Any, validated: BaseModel) -> dict[str, Any] | None:
+def left_out(tool: Tool, raw: Any, validated: BaseModel) -> dict[str, Any] | list[Any] | None:
     """What validation filled in of `validated` that the model's `raw` input leaves out, at any
     depth, as its JSON form shows it (a secret's mask left out): a `default_factory`'s id or
     time is another one each time the input is validated, and a re-run of an ungated call's
     body is to get the one its first run got (`as_started`). None if nothing was, or the input
-    has no JSON form; a parameter's plain default, the same every time, is not kept."""
+    has no JSON form; a parameter's plain default, the same every time, is not kept. Where
+    those values, put back by their places, validate to another input (a set's items, its form
+    sorted by them; a list a validator reorders), the whole form instead, in a one-item list."""
     if not isinstance(raw, dict) or tool.holds_lazy(validated):  # its form uses up the body's
         return None
     try:
         form = tool.approved_form(validated)
     except PydanticSerializationError:
         return None
-    found = _lacking(raw, form)
+    found = _found(raw, validated, form)
+    if found is None or _validates_to(tool, _filled(raw, found)[0], form) is not None:
+        return found
+    return [form]  # not an object: an older signoff reads it as nothing kept
+
+
+def as_started(tool: Tool, raw: Any, filled: Any) -> tuple[Any, BaseModel] | None:
+    """The input an ungated call's body first ran with: the model's `raw` input with what
+    validation filled in then (`left_out`) put back, as `as_approved` fills it from a reviewer's
+    form, and that validated. None if that is no valid input now, holds a secret's mask, or
+    validates to other values than those (a validator that changes a value it is given): `raw`
+    is validated then, as before the values were kept. A whole form kept is taken as
+    `as_approved` takes one: `raw` filled from it, else the form, whichever validates to it."""
+    if isinstance(filled, list):
+        if len(filled) != 1 or not isinstance(filled[0], dict):
+            return None
+        form = filled[0]
+        for given in (_filled(raw, form)[0], form):
+            if (validated := _validates_to(tool, given, form)) is not None:
+                return given, validated
+        return None
+    given = _filled(raw, filled)[0]
+    try:
+        validated = tool.validate(given)
+    except ValidationError:
+        return None
+    if holds_mask(validated) or tool.holds_lazy(validated) or not isinstance(filled, dict):
+        return None
+    try:  # values kept by their places (as an older signoff kept all): validated to them again
+        if _found(raw, validated, tool.approved_form(validated)) != filled:
+            return None
+    except PydanticSerializationError:
+        return None
+    return given, validated
+
+
+def _found(raw: Any, validated: BaseModel, form: dict[str, Any]) -> dict[str, Any] | None:
+    """What of `form` (`validated`'s) `raw` lacks by keys and places (`_lacking`), but for a
+    parameter's plain default, the same every time; None if nothing."""
+    found: dict[str, Any] | None = _lacking(raw, form)
     if found is None:
         return None
     model = type(validated)
@@ -89,20 +130,18 @@ def left_out(tool: Tool, raw: Any, validated: BaseModel) -> dict[str, Any] | Non
     return found or None
 
 
-def as_started(tool: Tool, raw: Any, filled: Any) -> tuple[Any, BaseModel] | None:
-    """The input an ungated call's body first ran with: the model's `raw` input with what
-    validation filled in then (`left_out`) put back, as `as_approved` fills it from a reviewer's
-    form, and that validated. None if that is no valid input now, holds a secret's mask, or
-    validates to other values than those (a validator that changes a value it is given): `raw`
-    is validated then, as before the values were kept."""
-    given = _filled(raw, filled)[0]
+def _validates_to(tool: Tool, given: Any, form: dict[str, Any]) -> BaseModel | None:
+    """`given` validated, if it is valid, holds no secret's mask and its JSON form is `form`."""
     try:
         validated = tool.validate(given)
-    except ValidationError:
+        if tool.holds_lazy(validated):  # its form would use up the body's iterators
+            return None
+        again = tool.approved_form(validated)
+    except (ValidationError, PydanticSerializationError):
         return None
-    if holds_mask(validated) or left_out(tool, raw, validated) != filled:
+    if holds_mask(validated) or not same_json(again, form):
         return None
-    return given, validated
+    return validated
 
 
 def _lacking(raw: Any, form: Any) -> Any:

@@ -73,8 +73,9 @@ class CallState:
     # `error`, `auto`), recorded so a later drive asks for it as decided, not anew.
     held: dict[str, Any] | None = None
     # What validation filled in of the input the model left out when the body first ran (its
-    # `tool.started`'s `filled`: a `default_factory`'s id), which a re-run of an ungated call gets.
-    filled: dict[str, Any] | None = None
+    # `tool.started`'s `filled`: a `default_factory`'s id), which a re-run of an ungated call gets;
+    # or the input's whole JSON form, in a one-item list, where those by their places are not it.
+    filled: dict[str, Any] | list[Any] | None = None
     # The entries of child sessions (a delegate call's `subagent.session` steps, `_child`), by
     # `p` and position or `n` and occurrence (in the order first recorded), with their child
     # (None: not a child's id now): `subagents()` without the journal.
