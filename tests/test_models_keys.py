@@ -165,3 +165,36 @@ def test_each_escaped_form_of_a_secret_is_hidden() -> None:
         ), shown
     assert "short" not in forms  # too short to be a credential worth hiding
     assert forms == sorted(forms, key=len, reverse=True)
+
+
+def test_only_the_key_of_the_provider_used_is_checked() -> None:
+    """A key no header can carry is refused only where it would be sent: a bad
+    `ANTHROPIC_API_KEY` beside `SIGNOFF_MODEL=openai:...` was refused, though never used."""
+    env = {
+        "SIGNOFF_MODEL": "openai:gpt-4o",
+        "OPENAI_API_KEY": API_KEY,
+        "ANTHROPIC_API_KEY": "sk-ant-\u00e9x",
+    }
+    assert isinstance(so.models.from_env(env=env), so.models.OpenAIChat)
+    with pytest.raises(so.UsageError, match="ANTHROPIC_API_KEY"):
+        so.models.from_env(env={**env, "SIGNOFF_MODEL": "anthropic:claude-haiku-4-5"})
+
+
+def test_a_credential_in_extra_body_is_hidden_as_one_in_a_header_is() -> None:
+    """A gateway key sent in the body (`params={"extra_body": {...}}`) was stored whole when the
+    gateway's 400 quoted the body back; it is among the secrets hidden, nested too."""
+    from signoff.models._provider_errors import client_secrets
+
+    body = {"gateway_key": "gw-SECRET-IN-EXTRA-BODY-9876", "meta": [{"auth": "tok-NESTED-12345"}]}
+    found = client_secrets(object(), {"extra_body": body, "temperature": 0})
+    assert "gw-SECRET-IN-EXTRA-BODY-9876" in found and "tok-NESTED-12345" in found
+    assert client_secrets(object(), {"extra_body": {"user": "alice-the-user"}}) == []
+
+
+def test_a_proxy_urls_password_is_not_shown_when_it_is_refused() -> None:
+    """The refusal of an unusable proxy URL repeated it whole, its password too (the HTTP
+    library's own part of the message leaves it out)."""
+    env = {"HTTPS_PROXY": "ftp://user:SECRETPASSWORD@proxy:8080", "OPENAI_API_KEY": API_KEY}
+    with pytest.raises(so.UsageError, match="HTTPS_PROXY") as refused:
+        so.models.OpenAIChat("gpt-4o", env=env)
+    assert "SECRETPASSWORD" not in str(refused.value)

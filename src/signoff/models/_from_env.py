@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from functools import partial
 
 from .._exceptions import UsageError
 from ._anthropic import Anthropic
@@ -43,8 +44,9 @@ def from_env(fallback: Model | None = None, *, env: Mapping[str, str] | None = N
     wanted = (_text("SIGNOFF_MODEL", env.get("SIGNOFF_MODEL")) or "").strip()
     base_url = _text("OPENAI_BASE_URL", env.get("OPENAI_BASE_URL"))
     # A key from a secret file ends in a line break: the key without it, one of blanks unset.
-    openai_key = _key("OPENAI_API_KEY", env.get("OPENAI_API_KEY"))
-    anthropic_key = _key("ANTHROPIC_API_KEY", env.get("ANTHROPIC_API_KEY"))
+    # Each checked only once its provider is the one used: a bad key of the other is not read.
+    openai_key = partial(_key, "OPENAI_API_KEY", env.get("OPENAI_API_KEY"))
+    anthropic_key = partial(_key, "ANTHROPIC_API_KEY", env.get("ANTHROPIC_API_KEY"))
     if wanted:
         provider, _, name = wanted.partition(":")
         if provider not in ("openai", "anthropic"):  # a bare name, maybe with a tag: qwen3:8b
@@ -53,12 +55,12 @@ def from_env(fallback: Model | None = None, *, env: Mapping[str, str] | None = N
         if not name:
             raise UsageError(f"SIGNOFF_MODEL={wanted!r} names no model")
         if provider == "anthropic":
-            return Anthropic(name, api_key=anthropic_key, env=given)
-        return OpenAIChat(name, base_url=base_url, api_key=openai_key, env=given)
-    if anthropic_key:
-        return Anthropic(DEFAULT_ANTHROPIC_MODEL, api_key=anthropic_key, env=given)
-    if openai_key or base_url:
-        return OpenAIChat(DEFAULT_OPENAI_MODEL, base_url=base_url, api_key=openai_key, env=given)
+            return Anthropic(name, api_key=anthropic_key(), env=given)
+        return OpenAIChat(name, base_url=base_url, api_key=openai_key(), env=given)
+    if key := anthropic_key():
+        return Anthropic(DEFAULT_ANTHROPIC_MODEL, api_key=key, env=given)
+    if (key := openai_key()) or base_url:
+        return OpenAIChat(DEFAULT_OPENAI_MODEL, base_url=base_url, api_key=key, env=given)
     if fallback is None:
         raise UsageError(
             "no model configured: set SIGNOFF_MODEL, ANTHROPIC_API_KEY, OPENAI_API_KEY or "

@@ -18,6 +18,7 @@ from types import ModuleType
 from typing import Any
 
 from .._exceptions import UsageError
+from ._urls import shown_url
 
 __all__ = ["HttpEnv", "http_package", "proxy_routes"]
 
@@ -138,8 +139,8 @@ class HttpEnv:
                     http.Proxy(url)
                 except (ValueError, http.InvalidURL) as exc:
                     name = pattern.removesuffix("://").upper() + "_PROXY"
-                    raise UsageError(
-                        f"{owner}: the proxy URL {name} names ({url}) is not usable: {exc}"
+                    raise UsageError(  # its password left out, as httpx leaves it out
+                        f"{owner}: the proxy URL {name} names ({_shown(url)}) is not usable: {exc}"
                     ) from None
             self.routes[pattern] = url
 
@@ -157,3 +158,11 @@ class HttpEnv:
             for pattern, url in self.routes.items()
         }
         return {"trust_env": False, "verify": verify, "mounts": mounts}
+
+
+def _shown(url: str) -> str:
+    """A proxy URL as an error shows it: its login's password (or token) left out."""
+    try:
+        return shown_url(url)
+    except ValueError:  # too malformed to split: nothing of it is shown
+        return "a URL that cannot be read"

@@ -177,7 +177,35 @@ def client_secrets(client: Any, params: Mapping[str, Any] | None = None) -> list
         for name, value in _named(query):
             if SECRET_PARAM.search(name):  # and as a URL echoed carries it, encoded
                 found += [value, quote(value, safe=""), quote_plus(value)]
+    found += _body_secrets(extra.get("extra_body"))  # a gateway's key sent in the body
     return secret_forms(found)
+
+
+def _body_secrets(body: Any) -> list[str]:
+    """The text values in `extra_body` (nested objects and lists too) under a key named as a
+    credential (`gateway_key`, `auth_token`): a provider's 400 may quote the body back."""
+    found: list[str] = []
+    stack: list[Any] = [body]
+    seen: set[int] = set()
+    while stack:
+        item = stack.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, Mapping):
+            for key, value in item.items():
+                if isinstance(value, str) and isinstance(key, str) and _secret_key(key):
+                    found.append(value)
+                elif isinstance(value, Mapping | list | tuple):
+                    stack.append(value)
+        elif isinstance(item, list | tuple):
+            stack.extend(v for v in item if isinstance(v, Mapping | list | tuple))
+    return found
+
+
+def _secret_key(name: str) -> bool:
+    """Whether a body key names a credential, as a header or query parameter would."""
+    return bool(_SECRET_HEADER.search(name) or SECRET_PARAM.search(name))
 
 
 def secret_forms(values: Sequence[Any]) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Callable
 from urllib.parse import urlsplit, urlunsplit
 
@@ -66,14 +67,22 @@ def check_endpoint(
         raise UsageError(f"{owner}: api_key must be text, not {type(api_key).__name__}")
 
 
+_UNSEEN = frozenset({"Cc", "Cf", "Zl", "Zp"})
+"""Unicode categories of characters no URL holds: controls (a line break, a tab), invisible
+format characters (a zero-width space) and line separators. A space inside a path is sent
+percent-encoded, as the HTTP library encodes it."""
+
+
 def _unreachable(base_url: object, parse: Callable[[str], object] | None) -> str | None:
     """Why no request could reach `base_url` (after the URL shown: "" when that says it),
     or None when one could."""
     if not isinstance(base_url, str):
         return ""
-    blank = next((c for c in base_url if c.isspace() or not c.isprintable()), None)
-    if blank is not None:  # a line break an env file or a secret file left
-        return f": it holds {blank!r}, and a URL holds no spaces or control characters"
+    control = next((c for c in base_url if unicodedata.category(c) in _UNSEEN), None)
+    if control is not None:  # a line break an env file left, which `urlsplit` drops unsaid
+        return f": it holds {control!r}, and a URL holds no control or invisible characters"
+    if base_url != base_url.strip():  # sent as %20 on every path: each call a wrong one
+        return ": it has spaces around it"
     try:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
