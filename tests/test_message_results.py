@@ -16,7 +16,7 @@ import signoff._message_places as places
 import signoff._message_results as results
 from signoff.models import ModelRequest
 from signoff.server import TokenAuth, create_app
-from signoff.testing import call, call_tools
+from signoff.testing import ManualClock, call, call_tools
 
 from .test_server_common import ALICE, BOB, TOKENS, auth
 
@@ -350,3 +350,123 @@ async def test_a_send_whose_queued_message_another_process_starts_is_not_said_to
         assert (b.status, b.text, b.queued) == ("completed", "re: bob here", False)
         assert (await turns(rt, sid))[b.turn_id or ""] == "bob here"
         assert (await rt.state(sid)).queued == []
+
+
+async def carols_32(other: so.Runtime, session_id: str) -> None:
+    """32 keyed messages from Carol queued (by `other`, not inline: nothing driven), pushing
+    every older key out of the session's state."""
+    for i in range(1, 33):
+        sent = await other.send(session_id, f"carol {i}", principal=CAROL, idempotency_key=f"c{i}")
+        assert sent.queued
+
+
+async def test_a_repeat_whose_key_was_pushed_out_is_told_the_turn_it_started(
+    store_url: str,
+) -> None:
+    """Alice's keyed prompt starts a turn left undriven; 32 newer keys from Carol's queued
+    messages push hers out of the state. Her repeat, found in the log, drove the session and
+    was told Carol's last answer: it is told her own turn."""
+    model = Model(hold=99)
+    async with (
+        so.Runtime([desk(model)], store=store_url) as rt,
+        so.Runtime([desk(model)], store=store_url, inline=False) as other,
+    ):
+        sid = await rt.create_session("desk", auth=ALICE)
+        first = asyncio.create_task(
+            rt.generate(session_id=sid, prompt="hello", auth=ALICE, idempotency_key="ka")
+        )
+        await asyncio.wait_for(model.entered.wait(), 10)
+        first.cancel()
+        await asyncio.wait({first})
+        await carols_32(other, sid)
+        again = await rt.generate(session_id=sid, prompt="hello", auth=ALICE, idempotency_key="ka")
+        assert (again.status, again.text, again.replayed, again.queued) == (
+            "completed",
+            "re: hello",
+            True,
+            False,
+        )
+        assert (await turns(rt, sid))[again.turn_id or ""] == "hello"
+        state = await rt.state(sid)
+        assert state.turn is not None and state.turn.text == "re: carol 32"
+
+
+async def test_a_queued_repeat_whose_key_was_pushed_out_is_told_the_turn_that_took_it(
+    store_url: str,
+) -> None:
+    """Bob's keyed message waits behind Alice's turn, which she cancels (a process not inline:
+    nothing started); 32 newer keys from Carol's messages queued behind his push his out of the
+    state. His repeat drove the queue and was told Carol's last answer: it is told his turn."""
+    model = Model(hold=99)
+    async with (
+        so.Runtime([desk(model)], store=store_url) as rt,
+        so.Runtime([desk(model)], store=store_url, inline=False) as other,
+    ):
+        sid = await left_undriven(rt, model)
+        bob = await other.send(sid, "bob here", principal=BOB, idempotency_key="kb")
+        assert bob.queued
+        await carols_32(other, sid)
+        assert (await other.cancel(sid, "never mind", principal=ALICE)).cancelled
+        again = await rt.send(sid, "bob here", principal=BOB, idempotency_key="kb")
+        assert (again.status, again.text, again.replayed, again.queued) == (
+            "completed",
+            "re: bob here",
+            True,
+            False,
+        )
+        assert (await turns(rt, sid))[again.turn_id or ""] == "bob here"
+        assert (await rt.state(sid)).queued == []
+
+
+async def test_a_repeat_of_a_message_queued_when_the_ttl_passed_is_not_said_to_wait(
+    store_url: str,
+) -> None:
+    """Bob's keyed message waits behind Alice's turn held on an approval, and the session's TTL
+    passes. His repeat was told `queued`, waiting for a turn that never comes: it is told the
+    failed turn, not waiting."""
+    model = Model(hang=False, hold=99)
+    clock = ManualClock()
+    limits = so.Limits(ttl=60)
+    async with so.Runtime([desk(model, limits)], store=store_url, clock=clock) as rt:
+        sid = await rt.create_session("desk", auth=ALICE)
+        alice = await rt.generate(session_id=sid, prompt="refund 1042", auth=ALICE)
+        bob = await rt.send(sid, "bob here", principal=BOB, idempotency_key="kb")
+        assert (bob.turn_id, bob.queued) == (alice.turn_id, True)
+        clock.advance(120)
+        again = await rt.send(sid, "bob here", principal=BOB, idempotency_key="kb")
+        assert (again.turn_id, again.status) == (alice.turn_id, "failed")
+        assert (again.replayed, again.queued) == (True, False)
+
+
+@pytest.mark.parametrize("new", [False, True])
+async def test_a_keyed_prompt_and_its_repeat_are_told_its_turn_not_its_senders_next(
+    store_url: str, new: bool
+) -> None:
+    """Alice's keyed `generate` (continuing a session, or starting one) runs while she queues
+    another message. The call was told that later turn and its repeat her prompt's: both are
+    told her prompt's turn (README: a keyed call, as its repeat)."""
+    model = Model(hang=False, hold=1)
+    async with so.Runtime([desk(model)], store=store_url) as rt:
+        if new:
+            gen = rt.generate(agent="desk", prompt="first", auth=ALICE, idempotency_key="ka")
+        else:
+            sid = await rt.create_session("desk", auth=ALICE)
+            gen = rt.generate(session_id=sid, prompt="first", auth=ALICE, idempotency_key="ka")
+        task = asyncio.create_task(gen)
+        await asyncio.wait_for(model.held.wait(), 10)
+        sid = (await rt.sessions())[0].id
+        assert (await rt.send(sid, "more", principal=ALICE, turn_policy="queue")).queued
+        model.gate.set()
+        g = await asyncio.wait_for(task, 10)
+        assert (g.status, g.text, g.queued) == ("completed", "re: first", False)
+        state = await rt.state(sid)
+        assert state.turn is not None and state.turn.text == "re: more"
+        if new:
+            again = await rt.generate(
+                agent="desk", prompt="first", auth=ALICE, idempotency_key="ka"
+            )
+        else:
+            again = await rt.generate(
+                session_id=sid, prompt="first", auth=ALICE, idempotency_key="ka"
+            )
+        assert (again.turn_id, again.text, again.replayed) == (g.turn_id, g.text, True)

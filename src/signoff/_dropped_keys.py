@@ -1,7 +1,9 @@
 """Keys of messages still in the queue or in the session's current turn that newer keys pushed
 out of the state (it keeps the last `KEPT`): found in the session's log, so a repeat of such a
 message replays instead of being queued twice or steering its own turn again. The log is read
-only when the key is not in the state and the state is full (some keys were dropped)."""
+only when the key is not in the state and the state is full (some keys were dropped). Where
+such a message went is told too (`Went`), so its repeat is told that turn, not the session's
+latest."""
 
 from __future__ import annotations
 
@@ -9,20 +11,32 @@ from collections.abc import Callable
 from typing import Any
 
 from ._events import Event
-from ._idempotency import KEPT, KEYED_TYPES, Before, Keyed, key_reused, records, seen
+from ._idempotency import KEPT, KEYED_TYPES, Before, Keyed, key_reused, records, seen, turn_of
+from ._message_places import InTurn, Queued, Went
 from ._state import SessionState
 from ._types import Principal
 from .stores import Store
 
-__all__ = ["queued_here", "sent_before"]
+__all__ = ["place_of", "sent_before"]
 
 
 _PAGE = 500
 
 
-def queued_here(state: SessionState, idem: Keyed) -> bool:
-    """Whether a message the state no longer keeps the key of waits in the queue with it."""
-    return idem[0] not in state.keys and any(q.get("idem") == idem[0] for q in state.queued)
+def place_of(state: SessionState, idem: Keyed) -> Went | None:
+    """Where the message keyed `idem` went, as `state` keeps its key: the turn it went to, or
+    its place in the queue (which the key's turn is found from later: `turn_taking`); None if
+    the state does not say."""
+    at = turn_of(state.keys, idem)
+    return _in_queue(state, idem) if at is None else InTurn(*at)
+
+
+def _in_queue(state: SessionState, idem: Keyed) -> Queued | None:
+    """The place of the message keyed `idem` waiting in the queue as of `state`, if it waits."""
+    for ahead, q in enumerate(state.queued):
+        if q.get("idem") == idem[0]:
+            return Queued(state.seq, ahead)
+    return None
 
 
 async def sent_before(
@@ -33,13 +47,21 @@ async def sent_before(
     sender: Principal | None,
     *,
     held: bool = False,
+    went: list[Went] | None = None,
 ) -> bool:
     """Whether the message keyed `idem` (sent by `sender`) was sent to the session before: its
     key is in the state (`seen`; with `held`, `IdempotencyKeyReused` too if a candidate holds
-    it aside for another message), or was pushed out of it (`_dropped`)."""
-    if seen(state.keys, idem, state.id, state.candidates if held else None):
-        return True
-    return await _dropped(store, state, idem, older, sender)
+    it aside for another message), or was pushed out of it (`_dropped`). `went` is given where
+    it went, as `state` says (a fresher state may no longer keep its key), if it says."""
+    if idem is not None and seen(state.keys, idem, state.id, state.candidates if held else None):
+        place = place_of(state, idem)
+    else:
+        place = await _dropped(store, state, idem, older, sender)
+        if place is None:
+            return False
+    if place is not None and went is not None:
+        went.append(place)
+    return True
 
 
 async def _dropped(
@@ -48,20 +70,22 @@ async def _dropped(
     idem: Keyed | None,
     older: Before | None,
     sender: Principal | None,
-) -> bool:
-    """Whether the message keyed `idem` (sent by `sender`) was sent before and still waits in
-    the queue or went to the session's current turn (started it, was taken from the queue by
-    it, steered or answered in it), its key pushed out of `state.keys` by newer ones: a repeat.
-    `IdempotencyKeyReused` if the key came with another message there. The whole log is read
-    only for a key in the queue or a turn the queue gave its sender; else the turn's events."""
+) -> Went | None:
+    """Where the message keyed `idem` (sent by `sender`) went if it was sent before and still
+    waits in the queue or went to the session's current turn (started it, was taken from the
+    queue by it, steered or answered in it), its key pushed out of `state.keys` by newer ones:
+    a repeat. `IdempotencyKeyReused` if the key came with another message there. The whole log
+    is read only for a key in the queue or a turn the queue gave its sender; else the turn's
+    events."""
     if idem is None or idem[0] in state.keys or len(state.keys) < KEPT:
-        return False
-    if queued_here(state, idem):
+        return None
+    place = _in_queue(state, idem)
+    if place is not None:
         found = await _scan(store, state.id, 0, lambda e: _queued(e) and _recorded(e, idem[0]))
-        return found is not None and _same(state, found, idem, older)
+        return place if found is not None and _same(state, found, idem, older) else None
     turn = state.turn
     if turn is None or turn.status not in ("running", "waiting"):
-        return False  # an ended turn's keys are forgotten past `KEPT`, as documented
+        return None  # an ended turn's keys are forgotten past `KEPT`, as documented
     dequeued = False
     found = None
     after = max(turn.first_seq - 1, 0)
@@ -78,7 +102,9 @@ async def _dropped(
     if found is None and dequeued:
         found = await _taken_by(store, state.id, turn.first_seq)
         found = found if found is not None and _recorded(found, idem[0]) else None
-    return found is not None and _same(state, found, idem, older)
+    if found is None or not _same(state, found, idem, older):
+        return None
+    return InTurn(turn.id, turn.first_seq)
 
 
 def _same_person(one: Principal | None, other: Principal | None) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from ._answering import Answering
-from ._dropped_keys import queued_here
+from ._dropped_keys import place_of
 from ._exceptions import SessionExpired
 from ._idempotency import Keyed, records, session_for, turn_of
 from ._message_places import InTurn, Went, turn_taking
@@ -23,7 +23,12 @@ class MessageResults(Answering):
     """`Answering` plus the results of the calls that send follow-up messages."""
 
     async def _drive_after(
-        self, session_id: str, went: Went, *, then_sender: bool = False
+        self,
+        session_id: str,
+        went: Went,
+        *,
+        then_sender: bool = False,
+        leased: tuple[str, int] | None = None,
     ) -> GenerateResult:
         """Drive the session after a message went to `went` (started or steered a turn, or
         joined the queue), then tell the call its message's turn: the one it started or steered,
@@ -31,9 +36,10 @@ class MessageResults(Answering):
         end cancelled or failed) nor one the drive went on to past it. While the message still
         waits in the queue, the turn it waits behind, with `queued`. A prompt's call
         (`then_sender`: `generate`, `schedule`) whose turn completed is told the turn the drive
-        went on to when its sender's own message started it."""
+        went on to when its sender's own message started it (not a keyed call's: its repeat is
+        told its own turn). `leased`: a new session's lease, taken with its first turn."""
         own = went.turn_id if isinstance(went, InTurn) else None
-        result = await self._drive(session_id, own=own)
+        result = await self._drive(session_id, own=own, leased=leased)
         at = await turn_taking(self.store, session_id, went)
         if at is not None and result.turn_id == at.turn_id:
             return dataclasses.replace(result, queued=False)
@@ -53,13 +59,31 @@ class MessageResults(Answering):
             )
         return self._earlier_result(state, ended)
 
-    async def _replay(self, session_id: str, idem: Keyed | None) -> GenerateResult:
+    async def _drive_first(
+        self, session_id: str, idem: Keyed | None, leased: tuple[str, int] | None
+    ) -> GenerateResult:
+        """Drive a new session's first turn, which this call's prompt started (`leased` with
+        it): a keyed call is told that turn, as its repeat is, not a later one its sender's own
+        queued message started, which a call without a key is told (`_drive`)."""
+        if idem is None:
+            return await self._drive(session_id, leased=leased)
+        state = await self._state(session_id)
+        first = turn_of(state.keys, idem) or await self._first(state, idem)
+        if first is None:  # not recorded with its key (never so since keys were)
+            return await self._drive(session_id, leased=leased)
+        return await self._drive_after(session_id, InTurn(*first), leased=leased)
+
+    async def _replay(
+        self, session_id: str, idem: Keyed | None, went: Went | None = None
+    ) -> GenerateResult:
         """What a call repeated with its idempotency key returns: the result of the turn its
         message started, steered, answered in or was taken from the queue by, as it stands (the
         session's turn driven as a first call would have, left to its process if one runs it;
         once the session's TTL passed, as it was left). A message still in the queue gets what
-        its first call got: the turn it waits behind; a key recorded before signoff kept its
-        turn, the session as it stands."""
+        its first call got: the turn it waits behind, `queued`, or, once the TTL passed, not
+        `queued`: no turn will take it. `went` is where the message went as the state that found
+        it a repeat said (`sent_before`), which a fresher one may not (newer keys pushed its key
+        out); a key recorded before signoff kept its turn, the session as it stands."""
         state = await self._state(session_id)
         expired = False
         if state.expired(self.now()):
@@ -68,24 +92,20 @@ class MessageResults(Answering):
             except SessionExpired:
                 expired = True
                 state = await self._state(session_id)
-        at = None if idem is None else turn_of(state.keys, idem) or await self._first(state, idem)
-        if at is not None and (state.turn is None or state.turn.id != at[0]):
+        if went is None and idem is not None:
+            went = place_of(state, idem)
+            if went is None:
+                first = await self._first(state, idem)
+                went = None if first is None else InTurn(*first)
+        at = None if went is None else await turn_taking(self.store, session_id, went)
+        if at is not None and (state.turn is None or state.turn.id != at.turn_id):
             result = await self._earlier(state, *at)
-        elif expired:
-            result = self._result(state)
+        elif expired or went is None:
+            result = self._result(state) if expired else await self._drive(session_id)
+            result = dataclasses.replace(result, queued=False)
         else:
-            result = await self._drive(session_id)
-            if idem is not None and result.turn_id != (None if at is None else at[0]):
-                state = await self._state(session_id)  # a turn took it, or one followed it
-                at = turn_of(state.keys, idem) or at
-                if at is not None and at[0] != result.turn_id:
-                    result = await self._earlier(state, *at)
-        # A key whose message waits in the queue went to no turn yet (`_turn_message`).
-        # (Or, its key pushed out of the state by newer ones, waits there all the same.)
-        waits = idem is not None and (
-            state.keys.get(idem[0], [])[1:3] == ["", None] or queued_here(state, idem)
-        )
-        return dataclasses.replace(result, replayed=True, queued=waits)
+            result = await self._drive_after(session_id, went)
+        return dataclasses.replace(result, replayed=True)
 
     async def _first(self, state: SessionState, idem: Keyed) -> tuple[str, int] | None:
         """The first turn of a session its key created, when newer keys pushed the key out of

@@ -140,16 +140,20 @@ class Messages(MessageResults):
             except SessionExpired:  # its TTL passed: a repeat of a message sent before replays
                 state = await self._state(session_id)
                 idem = await as_recorded(self, state, idem, principal, older)
-                if not await sent_before(self.store, state, idem, older, principal):
+                before_here: list[Went] = []  # where it went, its key pushed out of the state
+                if not await sent_before(
+                    self.store, state, idem, older, principal, went=before_here
+                ):
                     raise
-                return await self._replay(session_id, idem)
+                return await self._replay(session_id, idem, *before_here)
             idem = await as_recorded(self, state, idem, principal, older)
             key = {} if idem is None else {"idem": list(idem)}
             if asked is None:
                 asked = {r.id for r in state.pending_requests()}
             forms = looked_for(idem, principal, older)
-            if await sent_before(self.store, state, idem, older, principal):
-                return await self._replay(session_id, idem)
+            before_here = []
+            if await sent_before(self.store, state, idem, older, principal, went=before_here):
+                return await self._replay(session_id, idem, *before_here)
             # Any other delivery goes on with the session's turn, only where its agent is: it is
             # refused first, nothing stored (an answer to a mirror too: see `_settle`).
             self.agent(state.agent)
@@ -221,7 +225,7 @@ class Messages(MessageResults):
                         went=went,
                     )
                     if not started:
-                        return await self._replay(session_id, idem)
+                        return await self._replay(session_id, idem, *went)
                 except (SessionBusy, PartialAnswer):
                     # PartialAnswer: the turn another message started first waits on a request.
                     now = (await self._state(session_id)).turn

@@ -276,7 +276,7 @@ class Runtime(Cancelling):
             session_id, started, lease = await self._start_session(spec, prompt, auth, idem=idem)
             if not started:
                 return await self._replay(session_id, idem)
-            return await self._drive(session_id, leased=lease)
+            return await self._drive_first(session_id, idem, lease)
         if prompt is not None:  # checked before its key is made of it (a TypeError there)
             check_prompt(prompt)
         idem = await keyed_in(self, session_id, idempotency_key, auth, "message", prompt or "")
@@ -287,8 +287,8 @@ class Runtime(Cancelling):
         went: list[Went] = []  # the turn its prompt started, or its place in the queue
         async with self._own_turn(session_id):
             if not await self._start_turn(session_id, prompt, auth, idem=idem, went=went):
-                return await self._replay(session_id, idem)
-            return await self._drive_after(session_id, went[0], then_sender=True)
+                return await self._replay(session_id, idem, *went)
+            return await self._drive_after(session_id, went[0], then_sender=idem is None)
 
     async def _of_agent(self, session_id: str, agent: str) -> None:
         """Refuse a call naming another agent than the session's, before it records anything."""
@@ -351,11 +351,11 @@ class Runtime(Cancelling):
                 )
                 lease = None
             if not started:
-                result = await self._replay(session_id, idem)
+                result = await self._replay(session_id, idem, *went)
             elif went:  # a session's turn: its own, or one taking its prompt from the queue
-                result = await self._drive_after(session_id, went[0], then_sender=True)
+                result = await self._drive_after(session_id, went[0], then_sender=idem is None)
             else:  # a new session's first turn, its own
-                result = await self._drive(session_id, leased=lease)
+                result = await self._drive_first(session_id, idem, lease)
         if result.status == "failed" and (result.error or {}).get("code") == (
             SessionLimitReached.code
         ):

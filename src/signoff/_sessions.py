@@ -118,7 +118,8 @@ class SessionRunner(TurnLeases):
         """Start a turn with `prompt`; False (nothing recorded) when its idempotency key
         recorded it already, or, for the delegated turn, when it was started already. `went` is
         given where the prompt went: the turn started, or, when a message queued before it
-        started that turn, its place in the queue behind it. A
+        started that turn, its place in the queue behind it; sent before, where it went if the
+        state no longer keeps its key (`sent_before`). A
         subagent's session's first turn is its delegate call's (`delegated`): a message finding
         none started yet is `SessionBusy`. So is one that waits behind a turn a retry can resume
         (`waits_for_retry`: it is `queue`d, or `auth` is not the person the turn serves)."""
@@ -132,10 +133,10 @@ class SessionRunner(TurnLeases):
                 state = await self._checked(session_id, trust_cache=not fresh)
             except SessionExpired:  # its TTL passed: a repeat of a prompt sent before replays
                 state = await self._state(session_id)
-                if not await sent_before(self.store, state, idem, None, auth, held=True):
+                if not await sent_before(self.store, state, idem, None, auth, held=True, went=went):
                     raise
                 return False
-            if await sent_before(self.store, state, idem, None, auth, held=True):
+            if await sent_before(self.store, state, idem, None, auth, held=True, went=went):
                 return False
             # Its delegate call, and its parent's cancel starting it to cancel (`_child_sessions`),
             # may both start it: one does, and the other, reading a turn, starts none after it.
