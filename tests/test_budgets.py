@@ -1,5 +1,5 @@
 """`budget_left` and `by_budget`: what a session may still spend, by budget; and how far a
-`continue` raises the budgets (`continue_sizes`, `raised_to`)."""
+`continue` raises the budgets (`continue_to`, `raised_to`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from signoff._budgets import (
     budget_left,
     by_budget,
     call_cap,
-    continue_sizes,
+    continue_to,
     limit_question,
+    over_budget,
+    own_left,
     raised_to,
 )
 from signoff._state import SessionState, TurnState
@@ -74,25 +76,37 @@ def test_a_continue_raises_the_tokens_by_as_many_sizes_as_the_next_call_needs() 
     leaves the next call an output token."""
     state = _state(usage=Usage(input_tokens=5000, output_tokens=10))
     limits, model = Limits(max_tokens=1000), _Priced()
-    assert continue_sizes(state, limits, model, 5000) == 10
-    assert raised_to(state, limits, 10) == "max_tokens raised to 11000"
-    state.limit_grants = 10
+    assert continue_to(state, limits, model, 5000) == {"max_tokens": 11000}
+    assert raised_to({"max_tokens": 11000}) == "max_tokens raised to 11000"
+    state.raised = {"max_tokens": 11000}
     assert call_cap(state, limits, model, {}, 5000) == (990, False, 0)
-    state.limit_grants = 9  # one size fewer leaves no output token
+    state.raised = {"max_tokens": 10000}  # one size fewer leaves no output token
     assert call_cap(state, limits, model, {}, 5000)[0] == 0
-    state.limit_grants = 3  # raised three sizes before: seven more
-    assert continue_sizes(state, limits, model, 5000) == 7
+    state.raised = {}
+    state.limit_grants = 3  # raised three sizes before (an older signoff's): to 11 still
+    assert continue_to(state, limits, model, 5000) == {"max_tokens": 11000}
     # A reply cut at the budget counts with the request: it is spent too.
-    assert continue_sizes(state, limits, model, 5000, Usage(output_tokens=1000)) == 8
+    assert continue_to(state, limits, model, 5000, Usage(output_tokens=1000)) == {
+        "max_tokens": 12000
+    }
 
 
 def test_a_continue_raises_by_one_size_at_least() -> None:
     """Spent past the budget by little, or asked for a subagent stopped on what this session's
-    budget left it (its own not spent): one size, as before."""
+    budget left it (its own not spent): one size, as before; past a budget a continue raised,
+    a size more than that."""
     limits, model = Limits(max_tokens=100), _Priced()
-    assert continue_sizes(_state(usage=Usage(output_tokens=120)), limits, model, 0) == 1
-    assert continue_sizes(_state(usage=Usage(output_tokens=10)), limits, model, 0) == 1
-    assert continue_sizes(_state(), Limits(), model, 10**9) == 1  # no budget of its own
+    assert continue_to(_state(usage=Usage(output_tokens=120)), limits, model, 0) == {
+        "max_tokens": 200
+    }
+    assert continue_to(_state(usage=Usage(output_tokens=10)), limits, model, 0) == {
+        "max_tokens": 200
+    }
+    assert continue_to(_state(), Limits(), model, 10**9) == {}  # no budget of its own
+    raised = _state(usage=Usage(output_tokens=10), raised={"max_tokens": 250})
+    assert continue_to(raised, limits, model, 0) == {"max_tokens": 300}
+    costly = _state(raised={"max_cost_usd": 0.011})  # 11 of 0.001, as a float holds it
+    assert continue_to(costly, Limits(max_cost_usd=0.001), model, 0) == {"max_cost_usd": 0.001 * 12}
 
 
 def test_a_continue_raises_the_cost_budget_by_what_the_next_call_needs_too() -> None:
@@ -102,17 +116,16 @@ def test_a_continue_raises_the_cost_budget_by_what_the_next_call_needs_too() -> 
     state = _state(usage=Usage(input_tokens=5000, output_tokens=1, cost_usd=0.00501))
     model = _Priced((1.0, 10.0))
     limits = Limits(max_cost_usd=0.001)
-    assert continue_sizes(state, limits, model, 5000) == 10
-    state.limit_grants = 10
+    assert continue_to(state, limits, model, 5000) == {"max_cost_usd": 0.001 * 11}
+    state.raised = {"max_cost_usd": 0.001 * 11}
     assert call_cap(state, limits, model, {}, 5000)[0] == 99  # $0.00099 of output
-    state.limit_grants = 0
+    state.raised = {}
     both = Limits(max_tokens=100_000, max_cost_usd=0.001)
-    assert continue_sizes(state, both, model, 5000) == 10
-    assert raised_to(state, both, 10) == (
-        "max_tokens raised to 1100000 and max_cost_usd raised to 0.011"
-    )
+    to = continue_to(state, both, model, 5000)
+    assert to == {"max_tokens": 1_100_000, "max_cost_usd": 0.001 * 11}
+    assert raised_to(to) == "max_tokens raised to 1100000 and max_cost_usd raised to 0.011"
     free = _Priced((1.0, 0.0))  # free output: what is left need only be more than nothing
-    assert continue_sizes(state, limits, free, 5000) == 10
+    assert continue_to(state, limits, free, 5000) == {"max_cost_usd": 0.001 * 11}
 
 
 def test_a_continue_raising_a_tiny_budget_stays_a_number() -> None:
@@ -121,9 +134,32 @@ def test_a_continue_raising_a_tiny_budget_stays_a_number() -> None:
     finite (no OverflowError in the question, nor in the budgets after)."""
     state = _state(usage=Usage(cost_usd=1.0))
     limits = Limits(max_cost_usd=1e-300)
-    sizes = continue_sizes(state, limits, _Priced((1.0, 10.0)), 10)
-    assert sizes == 2**53
-    assert math.isfinite(float(raised_to(state, limits, sizes).rpartition(" ")[2]))
+    to = continue_to(state, limits, _Priced((1.0, 10.0)), 10)
+    assert to == {"max_cost_usd": 1e-300 * (2**53 + 1)}
+    assert math.isfinite(float(raised_to(to).rpartition(" ")[2]))
+
+
+def test_a_raised_budget_is_what_the_continue_said_whatever_size_a_redeploy_gives() -> None:
+    """A `continue` said max_tokens goes to 11000 ($6 of max_cost_usd): the budget is that
+    much under a redeploy that lowered its size, and the deploy's own where that is more
+    (it raised the size past it), not as many of the new size as the old one made it; a
+    session an older signoff raised by sizes (`limit_grants`) keeps them too."""
+    state = _state(
+        usage=Usage(input_tokens=5000, output_tokens=10, cost_usd=5.0),
+        raised={"max_tokens": 11000, "max_cost_usd": 6.0},
+    )
+    assert budget_left(state, 500, 0.5) == {"max_tokens": 5990, "max_cost_usd": 1.0}
+    assert budget_left(state, 100_000, 50.0) == {"max_tokens": 94990, "max_cost_usd": 45.0}
+    assert budget_left(state, None, None) == {}  # a budget a redeploy removed: none
+    assert own_left(state, Limits(max_tokens=500)) == {"max_tokens": 5990}
+    assert over_budget(state, 500, None) is None
+    assert over_budget(state, 500, None, Usage(output_tokens=5990)) == (
+        "the session used 11000 of max_tokens=11000"
+    )
+    state.limit_grants = 29  # an older signoff's thirty sizes of 500: more than was promised
+    assert budget_left(state, 500, None) == {"max_tokens": 9990}
+    # Asked again under the lowered size: a size past what it was raised to, at least.
+    assert continue_to(state, Limits(max_tokens=500), _Priced(), 0) == {"max_tokens": 15500}
 
 
 def test_the_question_says_what_a_continue_raises_the_budgets_to() -> None:

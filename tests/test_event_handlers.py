@@ -3,6 +3,7 @@ writes."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -314,10 +315,12 @@ def test_a_reply_that_did_not_read_a_message_leaves_the_turn_steered() -> None:
     assert "read_seq" not in state.to_snapshot()["turn"]  # as its reply's own: left out
 
 
-def test_a_continue_raises_the_budgets_by_its_requests_raise_by() -> None:
-    """A session-limit request records how many sizes its `continue` raises the budgets by
-    (`raise_by`), which its answer folds; one recorded without it (an older signoff's) raises
-    them by one; one that would raise them by none or by text is a malformed event."""
+def test_a_continue_raises_the_budgets_to_its_requests_raise_to() -> None:
+    """A session-limit request records what its `continue` raises the budgets to (`raise_to`),
+    which its answer folds into `raised`, the least each budget is from then on whatever size
+    a redeploy gives it (a later, lower `raise_to` lowers none); one recorded without it (an
+    older signoff's) raises them by a size; one that would raise them to less than nothing, to
+    text or another budget is a malformed event."""
     state, event = _delegating()
 
     def ask(seq: int, **data: Any) -> Any:
@@ -335,12 +338,26 @@ def test_a_continue_raises_the_budgets_by_its_requests_raise_by() -> None:
         answered = {"answer": {"option_id": "continue"}}
         return event(seq, "input.resolved", request_id=request_id, outcome="answered", **answered)
 
-    state.apply(ask(6, raise_by=10))
+    state.apply(ask(6, raise_to={"max_tokens": 11000, "max_cost_usd": 0.011}))
     state.apply(go_on(7, "req_6"))
-    assert state.limit_grants == 10
+    assert (state.limit_grants, state.raised) == (0, {"max_tokens": 11000, "max_cost_usd": 0.011})
     state.apply(ask(8))
     state.apply(go_on(9, "req_8"))
-    assert state.limit_grants == 11
-    for bad in (0, -3, "10", 2.5, True):
-        with pytest.raises(so.StoreError, match="raise_by"):
-            state.copy().apply(ask(10, raise_by=bad))
+    state.apply(ask(10, raise_to={"max_tokens": 5000, "max_cost_usd": 0.02}))
+    state.apply(go_on(11, "req_10"))
+    assert (state.limit_grants, state.raised) == (1, {"max_tokens": 11000, "max_cost_usd": 0.02})
+    assert so.SessionState.from_snapshot(state.to_snapshot()).raised == state.raised
+    assert state.copy().raised == state.raised
+    bad_ones: list[Any] = [
+        {"max_tokens": -3},
+        {"max_tokens": "10"},
+        {"max_tokens": 2.5},
+        {"max_tokens": True},
+        {"max_cost_usd": math.inf},
+        {"ttl": 5},
+        [11000],
+        11000,
+    ]
+    for bad in bad_ones:
+        with pytest.raises(so.StoreError, match="raise_to"):
+            state.copy().apply(ask(12, raise_to=bad))

@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 
 import signoff as so
+from signoff._budgets import own_left
+from signoff._engine import Driver
 from signoff.testing import call, call_tools, reply, scripted_agent, timeline
 
 from ._models import Capped
@@ -423,7 +425,7 @@ async def test_one_continue_raises_the_budget_as_far_as_the_next_call_needs(
     let no model call happen: ten prompts (each a notification), ten answers, before the model
     ran. Now the prompt says how far one raises it, to 11000 (what is spent and what the next
     call reads, and an output token), and one `continue` runs the model. The raise is recorded
-    with the request (`raise_by`), so another process folds the same budget."""
+    with the request (`raise_to`), so another process folds the same budget."""
     async with so.Runtime([_pasted(5000, 5100)], store=store_url) as rt:
         r = await rt.generate("a", prompt="a long pasted document ...", auth=ALICE)
         [asked] = r.pending
@@ -439,29 +441,37 @@ async def test_one_continue_raises_the_budget_as_far_as_the_next_call_needs(
         answer = so.InputResponse(request_id=asked.id, option_id="continue")
         r = await rt.respond(r.session_id, [answer], principal=ALICE)
         assert (r.status, r.text, r.pending) == ("completed", "done", [])
-        assert (await rt.state(r.session_id)).limit_grants == 10
+        state = await rt.state(r.session_id)
+        assert (state.limit_grants, state.raised) == (0, {"max_tokens": 11000})
         events = [e async for e in rt.events(r.session_id, follow=False)]
     [requested] = [e for e in events if e.type == "input.requested"]
-    assert requested.data["raise_by"] == 10
+    assert requested.data["raise_to"] == {"max_tokens": 11000}
     assert [line for line in timeline(events) if line == "model.completed"] == [
         "model.completed"
     ] * 2
 
 
-def _one_size(*args: object) -> int:
-    """`continue_sizes` as a signoff before `raise_by` had it: one size, recorded by nothing."""
-    return 1
+def _as_older(patched: pytest.MonkeyPatch) -> None:
+    """Record requests as a signoff before `raise_to` did: without it."""
+    record = Driver.record
+
+    async def older(self: Any, specs: Any, **kw: Any) -> Any:
+        if isinstance(specs, list):
+            specs = [(t, {k: v for k, v in d.items() if k != "raise_to"}) for t, d in specs]
+        return await record(self, specs, **kw)
+
+    patched.setattr(Driver, "record", older)
 
 
 async def test_an_older_stores_continue_raises_the_budget_by_one_size_as_it_did(
     store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A request an older signoff recorded has no `raise_by`: its `continue` folds, now as then,
+    """A request an older signoff recorded has no `raise_to`: its `continue` folds, now as then,
     to one size more, so a store's history replays to the budgets it had; the next model step
     asks again, saying how far its own answer raises the budget, and one more `continue` runs
     the model."""
     with monkeypatch.context() as patched:
-        patched.setattr("signoff._model_step.continue_sizes", _one_size)
+        _as_older(patched)
         async with so.Runtime([_pasted(5000, 5100)], store=store_url) as rt:
             r = await rt.generate("a", prompt="a long pasted document ...", auth=ALICE)
             [older] = r.pending
@@ -477,11 +487,61 @@ async def test_an_older_stores_continue_raises_the_budget_by_one_size_as_it_did(
         answer = so.InputResponse(request_id=asked.id, option_id="continue")
         r = await rt.respond(r.session_id, [answer], principal=ALICE)
         assert (r.status, r.text) == ("completed", "done")
-        assert (await rt.state(r.session_id)).limit_grants == 10
+        state = await rt.state(r.session_id)
+        assert (state.limit_grants, state.raised) == (1, {"max_tokens": 11000})
         events = await rt.store.read_events(r.session_id)
-    # Folded with no `raise_by` at all, as an older signoff recorded every request: one each.
+    # Folded with no `raise_to` at all, as an older signoff recorded every request: one each.
     then = so.SessionState(id=r.session_id)
     for event in events:
-        data = {k: v for k, v in event.data.items() if k != "raise_by"}
+        data = {k: v for k, v in event.data.items() if k != "raise_to"}
         then.apply(dataclasses.replace(event, data=data))
     assert then.limit_grants == 2
+
+
+def _priced(budget: str, size: float) -> so.Agent:
+    """An agent whose first call read a pasted document (5,000 tokens, $5) and called a tool,
+    and whose next reads 5,100 tokens ($0.50) and answers; `budget` of `size` its one budget."""
+    step = call_tools(call("lookup", n=1))
+    big = so.ModelResponse(
+        tool_calls=step.tool_calls,
+        usage=so.Usage(input_tokens=5000, output_tokens=10, cost_usd=5.0),
+    )
+    done = reply("done", usage=so.Usage(input_tokens=5100, output_tokens=5, cost_usd=0.5))
+    limits = so.Limits(**{budget: size})  # type: ignore[arg-type]
+    return scripted_agent("a", [big, done], tools=[lookup], limits=limits)
+
+
+@pytest.mark.parametrize(
+    ("budget", "answered_under", "promised", "bound"),
+    [
+        ("max_tokens", 500, 11000, 11000),  # lowered: what was promised, the model runs
+        ("max_tokens", 100_000, 11000, 100_000),  # raised: its own, not 11 of its sizes
+        ("max_cost_usd", 0.5, 6, 6),
+        ("max_cost_usd", 50.0, 6, 50),
+    ],
+)
+async def test_a_continue_answered_under_another_budget_size_gives_what_it_promised(
+    store_url: str, budget: str, answered_under: float, promised: float, bound: float
+) -> None:
+    """A prompt asked under max_tokens=1000 (max_cost_usd=1) says its `continue` raises the
+    budget to 11000 ($6); a redeploy changes the budget's size before it is answered. The
+    answer raised the budget by as many of the new deploy's sizes: a size of $50 gave $300, 50
+    times what the person approved, and one of 500 tokens gave 5500, where the next call could
+    not run and the turn asked again. Now a `continue` raises a budget to what it said, or
+    leaves the deploy's own where that is more."""
+    asked_under = 1000 if budget == "max_tokens" else 1.0
+    async with so.Runtime([_priced(budget, asked_under)], store=store_url) as rt:
+        r = await rt.generate("a", prompt="a long pasted document ...", auth=ALICE)
+        [asked] = r.pending
+        assert (asked.question or "").endswith(
+            f"Continue with {budget} raised to {promised}, or stop?"
+        )
+    agent = _priced(budget, answered_under)
+    async with so.Runtime([agent], store=store_url) as rt:  # the redeploy answers
+        answer = so.InputResponse(request_id=asked.id, option_id="continue")
+        r = await rt.respond(r.session_id, [answer], principal=ALICE)
+        assert (r.status, r.text, r.pending) == ("completed", "done", [])
+        state = await rt.state(r.session_id)
+    spent = state.usage.total_tokens if budget == "max_tokens" else state.usage.cost_usd
+    assert own_left(state, agent.limits) == {budget: pytest.approx(bound - spent)}
+    assert (state.limit_grants, state.raised) == (0, {budget: promised})

@@ -59,8 +59,17 @@ DAMAGES: dict[str, Callable[[dict[str, Any]], None]] = {
     "limit grants text": _set(limit_grants="2"),
     "limit grants a fraction": _set(limit_grants=1.5),
     "a key text": _set(keys={"k": "ab"}),
-    "a request raising by none": lambda s: s["requests"][0].update(raise_by=0),
-    "a request raising by text": lambda s: s["requests"][0].update(raise_by="10"),
+    "a request raising to less than none": lambda s: s["requests"][0].update(
+        raise_to={"max_tokens": -1}
+    ),
+    "a request raising to text": lambda s: s["requests"][0].update(raise_to={"max_tokens": "1"}),
+    "a request raising another budget": lambda s: s["requests"][0].update(raise_to={"ttl": 1}),
+    "a request raising to a list": lambda s: s["requests"][0].update(raise_to=[1]),
+    "raised text": _set(raised={"max_tokens": "11000"}),
+    "raised tokens a fraction": _set(raised={"max_tokens": 1.5}),
+    "raised cost infinite": _set(raised={"max_cost_usd": math.inf}),
+    "raised a flag": _set(raised={"max_tokens": True}),
+    "raised a list": _set(raised=[11000]),
     "requests an object": _set(requests={}),
 }
 

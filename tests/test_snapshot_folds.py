@@ -381,9 +381,10 @@ async def test_a_denied_mirrors_snapshot_of_fold_14_is_folded_again_with_its_vot
 async def test_a_continues_snapshot_of_fold_16_is_folded_again_with_its_raise(
     store_url: str,
 ) -> None:
-    """Fold 16 raised the budgets by one size a `continue`, though its request now records how
-    many it raises them by (`raise_by`, 10 here): a session whose snapshot is of that fold loads
-    from its events, with the ten sizes; the same snapshot recording this fold is what loads."""
+    """Fold 16 raised the budgets by one size a `continue`, though its request now records what
+    it raises them to (`raise_to`, 11000 tokens here): a session whose snapshot is of that fold
+    loads from its events, with the budget raised so; the same snapshot recording this fold is
+    what loads."""
     async with so.Runtime([_pasted(5000, 5100)], store=store_url) as rt:
         r = await rt.generate("a", prompt="a long pasted document ...", auth=ALICE)
         [asked] = r.pending
@@ -395,16 +396,23 @@ async def test_a_continues_snapshot_of_fold_16_is_folded_again_with_its_raise(
         folded.apply(event)
     snapshot = folded.to_snapshot()
     [entry] = snapshot["requests"]
-    assert (snapshot["limit_grants"], entry["raise_by"], FOLD_VERSION) == (10, 10, 17)
-    plain = {k: v for k, v in entry.items() if k != "raise_by"}
-    older = {**snapshot, "fold": 16, "limit_grants": 1, "requests": [plain]}
+    raised = {"max_tokens": 11000}
+    assert (snapshot["limit_grants"], snapshot["raised"], FOLD_VERSION) == (0, raised, 17)
+    assert entry["raise_to"] == raised
+    plain = {k: v for k, v in entry.items() if k != "raise_to"}
+    older = {k: v for k, v in snapshot.items() if k != "raised"}
+    older = {**older, "fold": 16, "limit_grants": 1, "requests": [plain]}
     write_snapshot(store_url, r.session_id, older)
     async with so.Runtime([_pasted(5000, 5100)], store=store_url) as rt:
         state = await rt.state(r.session_id)
-        assert (state.seq, state.limit_grants) == (folded.seq, 10)
-        assert state.requests[asked.id].raise_by == 10
+        assert (state.seq, state.limit_grants, state.raised) == (folded.seq, 0, raised)
+        assert state.requests[asked.id].raise_to == raised
         assert await rt.verify_audit() == []
     write_snapshot(store_url, r.session_id, {**older, "fold": FOLD_VERSION})
     async with so.Runtime([_pasted(5000, 5100)], store=store_url) as rt:  # this fold's: as is
         state = await rt.state(r.session_id)
-        assert (state.limit_grants, state.requests[asked.id].raise_by) == (1, 1)
+        assert (state.limit_grants, state.raised, state.requests[asked.id].raise_to) == (
+            1,
+            {},
+            None,
+        )

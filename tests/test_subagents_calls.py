@@ -284,8 +284,9 @@ async def test_a_childs_spent_budget_is_asked_on_the_parent_and_raises_only_the_
     assert done.status == "completed" and after.calls == 1
     assert tool_results(after.capture.last)[0].content == "Order 3 shipped."
     assert limit.child is not None
-    assert (await rt.state(limit.child.session_id)).limit_grants == 1
-    assert (await rt.state(r.session_id)).limit_grants == 0
+    assert (await rt.state(limit.child.session_id)).raised == {"max_tokens": 80}
+    parents = await rt.state(r.session_id)
+    assert (parents.limit_grants, parents.raised) == (0, {})
     await rt.close()
 
 
@@ -330,8 +331,9 @@ async def test_one_continue_on_the_parent_raises_the_childs_budget_as_far_as_it_
     assert done.status == "completed" and after.calls == 1
     assert tool_results(after.capture.last)[0].content == "Order 3 shipped."
     assert limit.child is not None
-    assert (await rt.state(limit.child.session_id)).limit_grants == 5
-    assert (await rt.state(r.session_id)).limit_grants == 0
+    assert (await rt.state(limit.child.session_id)).raised == {"max_tokens": 240}
+    parents = await rt.state(r.session_id)
+    assert (parents.limit_grants, parents.raised) == (0, {})
     await rt.close()
 
 

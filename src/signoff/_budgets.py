@@ -21,7 +21,7 @@ __all__ = [
     "budget_left",
     "by_budget",
     "call_cap",
-    "continue_sizes",
+    "continue_to",
     "limit_options",
     "limit_question",
     "own_left",
@@ -37,13 +37,10 @@ def budget_left(s: SessionState, max_tokens: int | None, max_cost: float | None)
     own budgets leave (raised by each `continue`) and, in the turn its parent delegated, what its
     parent had left (its own `headroom`), whichever is less. A new child's `session.created`
     records it, so the child's bound is fixed once, the same on replay and after a restart."""
-    times = 1 + s.limit_grants
     spent = s.usage + s.delegated
-    left: dict[str, Any] = {}
-    if max_tokens is not None:
-        left["max_tokens"] = max_tokens * times - spent.total_tokens
-    if max_cost is not None:
-        left["max_cost_usd"] = max_cost * times - spent.cost_usd
+    left: dict[str, Any] = {
+        k: bound - by_budget(spent, [k])[k] for k, bound in _bounds(s, max_tokens, max_cost).items()
+    }
     if delegated_turn(s):
         for key, cap in s.headroom.items():
             used = spent.total_tokens if key == "max_tokens" else spent.cost_usd
@@ -120,58 +117,75 @@ async def stopped_at_limit(s: SessionState, store: Store) -> str | None:
 
 def own_left(s: SessionState, limits: Limits) -> dict[str, float]:
     """What the session's own budgets (raised by each `continue`) leave, by budget."""
-    return spare(_bounds(limits, 1 + s.limit_grants), s.usage + s.delegated)
+    return spare(_bounds(s, limits.tokens_bound, limits.cost_bound), s.usage + s.delegated)
 
 
-def _bounds(limits: Limits, times: int) -> dict[str, float]:
-    """The session's own budgets, each `times` its size."""
+def _bounds(s: SessionState, max_tokens: int | None, max_cost: float | None) -> dict[str, Any]:
+    """The session's own budgets of these sizes, raised by the `continue`s answered: each a
+    size more for an older signoff's (`limit_grants`), and at least what a newer one's said it
+    raises the budget to (`raised`), whatever size a redeploy gave it since."""
+    times = 1 + s.limit_grants
     return {
-        k: v * times
-        for k, v in (("max_tokens", limits.tokens_bound), ("max_cost_usd", limits.cost_bound))
-        if v is not None
+        k: max(size * times, s.raised.get(k, 0))
+        for k, size in (("max_tokens", max_tokens), ("max_cost_usd", max_cost))
+        if size is not None
     }
 
 
-def continue_sizes(
+def continue_to(
     s: SessionState, limits: Limits, model: object, floor: int, more: Usage | None = None
-) -> int:
-    """How many of its sizes a `continue` raises each of the session's own budgets by: as many
-    as its next model call, reading at least `floor` input tokens, needs to be made (one output
-    token left, as `call_cap` holds its input back) once `more` is spent besides; one at least.
-    Decided when the person is asked and recorded with the request, never recomputed."""
+) -> dict[str, Any]:
+    """What a `continue` raises each of the session's own budgets to: a whole number of its
+    sizes, as many as its next model call, reading at least `floor` input tokens, needs to be
+    made (one output token left, as `call_cap` holds its input back) once `more` is spent
+    besides; a size more than it is at least. Decided when the person is asked and recorded
+    with the request (`raise_to`), never recomputed: a redeploy's other size changes nothing."""
     spent = s.usage + s.delegated + (more or Usage())
     least, price = input_price_floor(model) or 0.0, output_price(model)
     reading = Usage(input_tokens=floor, cost_usd=floor * least)
-    times = 1
+    sizes = {
+        k: v
+        for k, v in (("max_tokens", limits.tokens_bound), ("max_cost_usd", limits.cost_bound))
+        if v is not None
+    }
+    past = {
+        k: _past(b, sizes[k]) for k, b in _bounds(s, limits.tokens_bound, limits.cost_bound).items()
+    }
+    times = 1  # how many of their sizes the budgets need to be
     if limits.tokens_bound is not None:  # more than what is spent and read, by a token
         times = max(times, -(-(spent.total_tokens + floor + 1) // limits.tokens_bound))
     if limits.cost_bound is not None:  # what is spent and read, and one token's output
         want = (spent.cost_usd + reading.cost_usd + (price or 0.0)) / limits.cost_bound
         if not want < _MOST_SIZES:  # past it (or infinite): as many as one continue gives
-            times = max(times, _MOST_SIZES + 1 + s.limit_grants)
+            times = max(times, 2 * _MOST_SIZES)
         else:
             times = max(times, math.floor(want) + 1 if price is None else math.ceil(want))
-    sizes = max(1, min(times - 1 - s.limit_grants, _MOST_SIZES))
+    to: dict[str, Any] = {}
     # Rounding may leave a float a hair short: a size more, as `output_cap` counts it.
-    for _ in range(3):
-        room = output_cap(
-            spare(_bounds(limits, 1 + s.limit_grants + sizes), spent + reading), price
-        )
-        if room != 0 or sizes >= _MOST_SIZES:
+    for more_sizes in range(4):
+        to = {
+            k: size * min(max(times, past[k]) + more_sizes, past[k] - 1 + _MOST_SIZES)
+            for k, size in sizes.items()
+        }
+        if output_cap(spare(to, spent + reading), price) != 0:
             break
-        sizes += 1
-    return sizes
+    return to
 
 
-def raised_to(s: SessionState, limits: Limits, sizes: int) -> str:
-    """What a `continue` raising the session's own budgets by `sizes` of their sizes makes them,
-    in words ("max_tokens raised to 6000"); empty when it has none."""
-    times = 1 + s.limit_grants + sizes
+def _past(bound: float, size: float) -> int:
+    """The fewest whole sizes more than `bound`, one size past it at least."""
+    n = int(bound // size) + 1
+    return n + 1 if size * n <= bound else n
+
+
+def raised_to(to: Mapping[str, float]) -> str:
+    """What a `continue` raises the session's own budgets to (`continue_to`), in words
+    ("max_tokens raised to 6000"); empty when it has none."""
     out = []
-    if limits.tokens_bound is not None:
-        out.append(f"max_tokens raised to {limits.tokens_bound * times}")
-    if limits.cost_bound is not None:
-        out.append(f"max_cost_usd raised to {limits.cost_bound * times:g}")
+    if "max_tokens" in to:
+        out.append(f"max_tokens raised to {to['max_tokens']}")
+    if "max_cost_usd" in to:
+        out.append(f"max_cost_usd raised to {to['max_cost_usd']:g}")
     return " and ".join(out)
 
 
@@ -208,17 +222,19 @@ def spending(
     s: SessionState, max_tokens: int | None, max_cost: float | None, more: Usage | None
 ) -> list[tuple[str, bool]]:
     """What the session spent of each budget it has, in words, and whether that spent it."""
-    times = 1 + s.limit_grants
+    bound = _bounds(s, max_tokens, max_cost)
     spent, theirs = s.usage + s.delegated, s.delegated
     if more is not None:
         spent = spent + more
     out = []
-    if max_tokens is not None:
+    if "max_tokens" in bound:
         by = f" ({theirs.total_tokens} of them by its subagents)" if theirs.total_tokens else ""
-        text = f"the session used {spent.total_tokens} of max_tokens={max_tokens * times}{by}"
-        out.append((text, spent.total_tokens >= max_tokens * times))
-    if max_cost is not None:
+        text = f"the session used {spent.total_tokens} of max_tokens={bound['max_tokens']}{by}"
+        out.append((text, spent.total_tokens >= bound["max_tokens"]))
+    if "max_cost_usd" in bound:
         by = f" ({theirs.cost_usd:.4f} of it by its subagents)" if theirs.cost_usd else ""
-        text = f"the session cost {spent.cost_usd:.4f} of max_cost_usd={max_cost * times:g}{by}"
-        out.append((text, spent.cost_usd >= max_cost * times))
+        text = (
+            f"the session cost {spent.cost_usd:.4f} of max_cost_usd={bound['max_cost_usd']:g}{by}"
+        )
+        out.append((text, spent.cost_usd >= bound["max_cost_usd"]))
     return out

@@ -285,7 +285,7 @@ def _input_requested(s: SessionState, e: Event) -> None:
         request = InputRequest.model_validate(raw)
         if request.kind == "session-limit":  # its usage is a reply cut at what was left
             _read_again(s, e)
-        s.requests[request.id] = RequestState(request=request, raise_by=e.data.get("raise_by", 1))
+        s.requests[request.id] = RequestState(request=request, raise_to=e.data.get("raise_to"))
         if request.kind == "session-limit" and request.child is None:
             turn.answered = []  # asked before a model call: every answer was gone on with
         if request.child is not None:  # mirrored from a subagent: its delegate call waits
@@ -424,7 +424,10 @@ def _input_resolved(s: SessionState, e: Event) -> None:
     mine = req.request.child is None  # a subagent's budget or expiry is not this session's
     if mine and req.request.kind == "session-limit" and outcome == "answered":
         if (d.get("answer") or {}).get("option_id") == "continue":
-            s.limit_grants += req.raise_by  # as many sizes as it was asked with
+            if req.raise_to is None:  # an older signoff's: a size more
+                s.limit_grants += 1
+            for k, v in (req.raise_to or {}).items():  # at least what it said it raises them to
+                s.raised[k] = max(s.raised.get(k, 0), v)
         if s.turn is not None and req.request.turn_id == s.turn.id:
             s.turn.share_spent = None  # answered: a subagent stopped on its share is asked about
     if mine and outcome == "expired" and d.get("reason") == EXPIRED:

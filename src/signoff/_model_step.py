@@ -10,7 +10,7 @@ from typing import Any
 
 from ._budgets import (
     call_cap,
-    continue_sizes,
+    continue_to,
     limit_options,
     limit_question,
     over_budget,
@@ -433,7 +433,7 @@ class ModelStep(DriverPart):
         self, problem: str, *, usage: Usage | None = None, kept: int | None = None
     ) -> bool:
         """A budget is spent: ask the person to continue (raising it as far as the next model
-        call needs, `continue_sizes`) or stop (`stopped_at_limit`); with nobody to ask, fail with
+        call needs, `continue_to`) or stop (`stopped_at_limit`); with nobody to ask, fail with
         `session_limit_reached`. `usage` is what a reply the budget cut off cost, counted with
         the request (or the failure), and `kept` as `billing` says."""
         s = self.state
@@ -458,7 +458,7 @@ class ModelStep(DriverPart):
                 f"{problem}; nobody can raise the budget of this session", usage=usage, kept=kept
             )
             return True
-        # What `continue` raises the budgets by is decided now, and recorded (`raise_by`): as
+        # What `continue` raises the budgets to is decided now, and recorded (`raise_to`): as
         # many sizes as the next model call needs, the input it reads held back as before it.
         read = 0 if usage is None else usage.input_tokens if kept is None else kept
         floor = self._input_floor(await self.window(), read)
@@ -466,8 +466,8 @@ class ModelStep(DriverPart):
         if paused:
             floor = max(floor, paused[-1].usage.input_tokens)
         limits = self.agent.limits
-        sizes = continue_sizes(s, limits, self.agent.model, floor, usage)
-        raised = raised_to(s, limits, sizes)
+        to = continue_to(s, limits, self.agent.model, floor, usage)
+        raised = raised_to(to)
         request = InputRequest(
             kind="session-limit",
             id=new_id("req"),
@@ -482,7 +482,7 @@ class ModelStep(DriverPart):
         )
         requested: dict[str, Any] = {
             "requests": [dump_request(request)],
-            **({"raise_by": sizes} if sizes != 1 else {}),
+            "raise_to": to,
             **billing(usage, kept),
         }
         await self.record(

@@ -33,6 +33,7 @@ from ._state_parts import (
     TurnStatus,
     check_asked,
     check_kept,
+    check_raised,
     dump_principal,
     kept_count,
     kept_usage,
@@ -87,8 +88,9 @@ of its subagent's request), as its stored row does. 15: a mirror closed unapprov
 holds the votes its subagent's request counted, as its close records them (`approved_by`). 16: a
 passed TTL's record, and a delegated turn's cancel for one, are no activity (`keeps_activity`): the
 session's `updated_at` stays its last activity, its `expires_at` the record's time (`lapsed_at`).
-17: a session-limit request's `continue` raises the budgets by its `input.requested`'s `raise_by`
-sizes (as many as the next model call needed when it was asked), not always by one."""
+17: a session-limit request's `continue` raises the budgets to what its `input.requested`'s
+`raise_to` says (as many sizes as the next model call needed when it was asked; `raised`), not
+by one size of whatever size the answering deploy has."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -138,9 +140,11 @@ class SessionState:
     # What the parent had spent then, by the same budgets: what it counts later, over this, its
     # other subagents spent since, and this child's share of the headroom is that much less.
     parent_spent: dict[str, float] = field(default_factory=dict)
-    # The sizes `continue` answers to session-limit prompts raised each budget by (each its
-    # request's `raise_by`): a budget is that many sizes more than its own.
+    # `continue` answers to session-limit prompts an older signoff asked (no `raise_to`): each
+    # raises every budget by its size. A budget is that many sizes more than its own,
     limit_grants: int = 0
+    # or, if more, what a newer one's `continue`s raised it to (their requests' `raise_to`).
+    raised: dict[str, Any] = field(default_factory=dict)
     # The newest idempotency keys recorded (`_idempotency`): key digest -> [digest of what it
     # asked, the turn its message was recorded in, or None while only its session is created].
     keys: dict[str, list[Any]] = field(default_factory=dict)
@@ -285,6 +289,7 @@ class SessionState:
             "lapsed": self.lapsed,
             **({} if self.lapsed_at is None else {"lapsed_at": self.lapsed_at}),
             "limit_grants": self.limit_grants,
+            **({"raised": dict(self.raised)} if self.raised else {}),
             **({"headroom": dict(self.headroom)} if self.headroom else {}),
             **({"parent_spent": dict(self.parent_spent)} if self.parent_spent else {}),
             "earlier_requests": self.earlier_requests,
@@ -297,7 +302,7 @@ class SessionState:
                     "status": r.status,
                     "outcome": r.outcome,
                     "resolution": r.resolution,
-                    **({"raise_by": r.raise_by} if r.raise_by != 1 else {}),
+                    **({} if r.raise_to is None else {"raise_to": dict(r.raise_to)}),
                 }
                 for r in self.requests.values()
             ],
@@ -410,7 +415,7 @@ class SessionState:
                     status=r.status,
                     outcome=r.outcome,
                     resolution=r.resolution,
-                    raise_by=r.raise_by,
+                    raise_to=r.raise_to,
                 )
                 for k, r in self.requests.items()
             },
@@ -425,6 +430,7 @@ class SessionState:
             lapsed=self.lapsed,
             lapsed_at=self.lapsed_at,
             limit_grants=self.limit_grants,
+            raised=dict(self.raised),
             headroom=dict(self.headroom),
             parent_spent=dict(self.parent_spent),
             earlier_requests=self.earlier_requests,
@@ -513,6 +519,7 @@ class SessionState:
             lapsed=data.get("lapsed", False),
             lapsed_at=data.get("lapsed_at"),
             limit_grants=data.get("limit_grants", 0),
+            raised=dict(check_raised(data.get("raised", {}), "a snapshot's raised")),
             headroom=dict(data.get("headroom", {})),
             parent_spent=dict(data.get("parent_spent", {})),
             # A snapshot that does not say (an older signoff's) may have dropped some.
@@ -525,7 +532,7 @@ class SessionState:
                     status=r["status"],
                     outcome=r["outcome"],
                     resolution=r["resolution"],
-                    raise_by=r.get("raise_by", 1),
+                    raise_to=r.get("raise_to"),
                 )
                 for r in data["requests"]
             },

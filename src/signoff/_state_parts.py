@@ -6,6 +6,7 @@ Apart from `_state` so the event handlers of `_event_handlers`, below it, can bu
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -24,6 +25,7 @@ __all__ = [
     "candidate_applied",
     "check_asked",
     "check_kept",
+    "check_raised",
     "child_id",
     "dump_principal",
     "kept_count",
@@ -282,13 +284,27 @@ class RequestState:
     status: str = "pending"
     outcome: str | None = None
     resolution: dict[str, Any] | None = None
-    # A session-limit request's: how many of their sizes its `continue` raises the budgets by,
-    # decided when it was asked (its `input.requested`'s `raise_by`; an older signoff's, one).
-    raise_by: int = 1
+    # A session-limit request's: what its `continue` raises the session's budgets to, by
+    # budget, decided when it was asked (its `input.requested`'s `raise_to`); None, an older
+    # signoff's, raises them by a size.
+    raise_to: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        if type(self.raise_by) is not int or self.raise_by < 1:  # it would take budget back
-            raise ValueError(f"a request's raise_by is {str(self.raise_by)[:40]}")
+        if self.raise_to is not None:
+            check_raised(self.raise_to, "a request's raise_to")
+
+
+def check_raised(v: Any, what: str) -> dict[str, Any]:
+    """`v`, budgets a `continue` raises to (a request's `raise_to`, `SessionState.raised`):
+    `max_tokens` a count, `max_cost_usd` a finite number, neither below 0; else `ValueError`."""
+    if type(v) is not dict or not all(
+        (type(x) is int or (type(x) is float and k == "max_cost_usd" and math.isfinite(x)))
+        and k in ("max_tokens", "max_cost_usd")
+        and x >= 0
+        for k, x in v.items()
+    ):
+        raise ValueError(f"{what} is {str(v)[:80]}")
+    return v
 
 
 @dataclass(slots=True, kw_only=True)
