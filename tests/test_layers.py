@@ -31,6 +31,7 @@ LAYERS: list[set[str]] = [
     },
     {"_input_sets"},
     {"_state_parts", "_snapshot_fields", "_conversation", "_tool_json", "_sync", "_turn_status"},
+    {"_journal_fold"},
     {"_event_handlers", "_steps", "_response_checks", "_input_schema"},
     {"_state", "_approval", "stores", "models"},
     {

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ._events import EXPIRED, Event
 from ._exceptions import StoreError
 from ._idempotency import KEPT, free_for
+from ._journal_fold import asked, stepped
 from ._snapshot_fields import budgets_of, error_of, text_of, ttl_of
 from ._state_parts import (
     CallState,
@@ -24,7 +25,7 @@ from ._types import InputRequest
 if TYPE_CHECKING:
     from ._state import SessionState
 
-__all__ = ["HANDLERS", "journal_fold"]
+__all__ = ["HANDLERS"]
 
 
 # -- one handler per event type ----------------------------------------------------------------
@@ -186,61 +187,7 @@ def _tool_started(s: SessionState, e: Event) -> None:
 
 
 def _tool_step(s: SessionState, e: Event) -> None:
-    _stepped(_call(s, e), e.data)
-
-
-def _stepped(call: CallState, d: dict[str, Any]) -> None:
-    if not call.journaled and d.get("keyed"):  # `_key_journal`, inline: one call per step
-        call.keyed = True
-    entry = {"kind": "step", "name": d["name"], "result": d.get("result")}
-    if d.get("child") is True:  # a delegate call's creation of its child (`_child`)
-        entry["child"] = True
-    error = d.get("error")
-    if error is not None:  # the step raised: its replay raises it again
-        entry["error"] = error
-    call.record(d["index"], entry)
-
-
-def _asked(call: CallState, request: InputRequest, data: dict[str, Any]) -> None:
-    entry = {"kind": "ask", "name": request.question, "request_id": request.id}
-    _key_journal(call, data)
-    call.record(request.index or 0, entry)
-
-
-def _key_journal(call: CallState, data: dict[str, Any]) -> None:
-    """A call's first entry says how its journal is keyed: entries journaled before keys
-    existed have no `keyed` mark, and their call goes on by position (unless its `tool.started`
-    said it was keyed, as signoff wrote it for a while)."""
-    if not call.journaled and data.get("keyed"):
-        call.keyed = True
-
-
-def journal_fold(call: CallState, turn_id: str, e: Event) -> CallState:
-    """`call` after event `e` as `SessionState.apply` would leave its journal (`e` is of its
-    session, past its `since`), for a journal read back from its events; a response that names
-    the call again makes it anew, as the fold does."""
-    d = e.data
-    if e.turn_id != turn_id:
-        return call
-    kind = e.type
-    if kind == "tool.step":  # the most of them, by far
-        if d["call_id"] == call.id:
-            _stepped(call, d)
-    elif kind == "model.completed":
-        if any(c["id"] == call.id for c in d.get("tool_calls", [])):
-            return CallState(id=call.id, tool_name=call.tool_name, input=None, since=e.seq)
-    elif kind == "tool.started" and d["call_id"] == call.id:
-        call.idempotency_key = d.get("idempotency_key")  # an older child's entry needs it
-        if d.get("keyed"):
-            call.keyed = True
-    elif kind == "input.requested":
-        for raw in d["requests"]:
-            request = InputRequest.model_validate(raw)
-            action = request.action
-            if request.child is None and action is not None and action.call_id == call.id:
-                if request.source == "ask":
-                    _asked(call, request, d)
-    return call
+    stepped(_call(s, e), e.data)
 
 
 def _turn_message(s: SessionState, e: Event) -> None:
@@ -297,7 +244,7 @@ def _input_requested(s: SessionState, e: Event) -> None:
         call = turn.calls[request.action.call_id]
         _went_on(s, call.id)  # asking again: its body ran past what it asked before
         if request.source == "ask":
-            _asked(call, request, e.data)
+            asked(call, request, e.data)
             call.status = "asking"
         else:
             call.request_id = request.id

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from ._event_handlers import journal_fold
 from ._events import Event, EventType
 from ._exceptions import SchemaVersionError, StoreError, UnknownSession
+from ._journal_fold import journal_fold
 from ._state import (
     CallState,
     SessionState,
