@@ -177,6 +177,37 @@ async def test_a_call_cancelled_once_its_first_write_went_through_gives_the_leas
         assert [sid for sid, _ in claimed] == [row.id]
 
 
+@pytest.mark.parametrize("raised", [asyncio.CancelledError, so.StoreError])
+async def test_a_keyed_call_stopped_as_it_looks_for_its_first_turn_gives_the_lease_back(
+    store_url: str, raised: type[BaseException], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A keyed call reads the session its key made, for the turn to tell it, before its drive
+    takes over the lease the creation granted: stopped or failed there, the lease was neither
+    given back nor kept, so the session waited undriven for its TTL. It is given back."""
+    async with so.Runtime([scripted_agent("chat", [reply("hello")])], store=store_url) as rt:
+        real_head, armed = rt.store.head, list[bool]()
+        real_start = rt._start_session
+
+        async def head(*args: Any, **kwargs: Any) -> Any:
+            if not armed:
+                armed.append(True)
+                raise raised("store gone") if raised is so.StoreError else raised()
+            return await real_head(*args, **kwargs)
+
+        async def start(*args: Any, **kwargs: Any) -> Any:
+            made = await real_start(*args, **kwargs)
+            monkeypatch.setattr(rt.store, "head", head)  # the first read after the creation
+            return made
+
+        monkeypatch.setattr(rt, "_start_session", start)
+        with pytest.raises(raised):
+            await rt.generate("chat", prompt="hi", auth=ALICE, idempotency_key="k-1")
+        monkeypatch.setattr(rt.store, "head", real_head)
+        (row,) = await rt.sessions()
+        claimed = await rt.store.claim("w", 30.0, rt.now(), 10)
+        assert armed and [sid for sid, _ in claimed] == [row.id]
+
+
 async def test_a_keyed_call_whose_first_write_went_through_unreported_drives_its_turn(
     store_url: str,
 ) -> None:

@@ -5,11 +5,12 @@ turn the drive went on to, or one it drove first."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 from ._answering import Answering
 from ._dropped_keys import place_of
-from ._exceptions import SessionExpired
+from ._exceptions import SessionExpired, StoreError
 from ._idempotency import Keyed, records, session_for, turn_of
 from ._message_places import InTurn, Went, turn_taking
 from ._recording import load_turn
@@ -67,8 +68,14 @@ class MessageResults(Answering):
         queued message started, which a call without a key is told (`_drive`)."""
         if idem is None:
             return await self._drive(session_id, leased=leased)
-        state = await self._state(session_id)
-        first = turn_of(state.keys, idem) or await self._first(state, idem)
+        try:
+            state = await self._state(session_id)
+            first = turn_of(state.keys, idem) or await self._first(state, idem)
+        except BaseException:  # stopped (a caller's timeout) or failed before the drive took
+            if leased is not None:  # the lease over: given back, not left to lapse undriven
+                with contextlib.suppress(StoreError):
+                    await self._release(session_id, *leased)
+            raise
         if first is None:  # not recorded with its key (never so since keys were)
             return await self._drive(session_id, leased=leased)
         return await self._drive_after(session_id, InTurn(*first), leased=leased)
