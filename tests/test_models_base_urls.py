@@ -220,3 +220,5 @@ def test_a_space_inside_a_base_urls_path_is_taken_as_the_http_client_takes_it(na
     make("m", base_url="http://gw.example/my team/v1", api_key=API_KEY)
     with pytest.raises(so.UsageError, match="it has spaces around it"):
         make("m", base_url="http://gw.example/v1 ", api_key=API_KEY)
+    with pytest.raises(so.UsageError, match="its host holds a space"):
+        make("m", base_url="http://local host:8000/v1", api_key=API_KEY)

@@ -189,6 +189,9 @@ def test_a_credential_in_extra_body_is_hidden_as_one_in_a_header_is() -> None:
     found = client_secrets(object(), {"extra_body": body, "temperature": 0})
     assert "gw-SECRET-IN-EXTRA-BODY-9876" in found and "tok-NESTED-12345" in found
     assert client_secrets(object(), {"extra_body": {"user": "alice-the-user"}}) == []
+    shapes = {"api_keys": ["sk-live-0123456789"], "authorization": {"value": "sk-live-abcdefgh"}}
+    found = client_secrets(object(), {"extra_body": shapes})
+    assert "sk-live-0123456789" in found and "sk-live-abcdefgh" in found
 
 
 def test_a_proxy_urls_password_is_not_shown_when_it_is_refused() -> None:
@@ -198,3 +201,7 @@ def test_a_proxy_urls_password_is_not_shown_when_it_is_refused() -> None:
     with pytest.raises(so.UsageError, match="HTTPS_PROXY") as refused:
         so.models.OpenAIChat("gpt-4o", env=env)
     assert "SECRETPASSWORD" not in str(refused.value)
+    token = {"HTTPS_PROXY": "ftp://sk-live-tokenABCDEF@proxy:8080", "OPENAI_API_KEY": API_KEY}
+    with pytest.raises(so.UsageError, match="HTTPS_PROXY") as refused:
+        so.models.OpenAIChat("gpt-4o", env=token)
+    assert "sk-live-tokenABCDEF" not in str(refused.value)

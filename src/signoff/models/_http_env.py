@@ -16,6 +16,7 @@ import ssl
 from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
+from urllib.parse import urlsplit
 
 from .._exceptions import UsageError
 from ._urls import shown_url
@@ -139,8 +140,9 @@ class HttpEnv:
                     http.Proxy(url)
                 except (ValueError, http.InvalidURL) as exc:
                     name = pattern.removesuffix("://").upper() + "_PROXY"
-                    raise UsageError(  # its password left out, as httpx leaves it out
-                        f"{owner}: the proxy URL {name} names ({_shown(url)}) is not usable: {exc}"
+                    raise UsageError(  # its login left out, here and in httpx's own words
+                        f"{owner}: the proxy URL {name} names ({_shown(url)}) is not usable: "
+                        f"{_without_login(str(exc), url)}"
                     ) from None
             self.routes[pattern] = url
 
@@ -166,3 +168,16 @@ def _shown(url: str) -> str:
         return shown_url(url)
     except ValueError:  # too malformed to split: nothing of it is shown
         return "a URL that cannot be read"
+
+
+def _without_login(text: str, url: str) -> str:
+    """`text` (the HTTP library's error) without the user name or password of `url`'s login,
+    which it shows but for a password (`ftp://TOKEN@proxy`: a token as the user name)."""
+    try:
+        parts = urlsplit(url)
+        login = [parts.username, parts.password]
+    except ValueError:
+        return "the HTTP library refused it"
+    for value in sorted((v for v in login if v), key=len, reverse=True):
+        text = text.replace(value, "***")
+    return text

@@ -182,24 +182,28 @@ def client_secrets(client: Any, params: Mapping[str, Any] | None = None) -> list
 
 
 def _body_secrets(body: Any) -> list[str]:
-    """The text values in `extra_body` (nested objects and lists too) under a key named as a
-    credential (`gateway_key`, `auth_token`): a provider's 400 may quote the body back."""
+    """The text in `extra_body` under a key named as a credential (`gateway_key`, an
+    `authorization` object, a list of `api_keys`), at any depth below it: a provider's 400 may
+    quote the body back."""
     found: list[str] = []
-    stack: list[Any] = [body]
+    stack: list[tuple[Any, bool]] = [(body, False)]
     seen: set[int] = set()
     while stack:
-        item = stack.pop()
+        item, under = stack.pop()
+        if isinstance(item, str):
+            if under:
+                found.append(item)
+            continue
         if id(item) in seen:
             continue
         seen.add(id(item))
         if isinstance(item, Mapping):
-            for key, value in item.items():
-                if isinstance(value, str) and isinstance(key, str) and _secret_key(key):
-                    found.append(value)
-                elif isinstance(value, Mapping | list | tuple):
-                    stack.append(value)
+            stack.extend(
+                (value, under or (isinstance(key, str) and _secret_key(key)))
+                for key, value in item.items()
+            )
         elif isinstance(item, list | tuple):
-            stack.extend(v for v in item if isinstance(v, Mapping | list | tuple))
+            stack.extend((value, under) for value in item)
     return found
 
 

@@ -45,8 +45,9 @@ def check_endpoint(
     owner: str, base_url: object, api_key: object, parse: Callable[[str], object] | None = None
 ) -> None:
     """Raise `UsageError` for a base URL that no request could reach (not text, not an
-    `http://` or `https://` URL with a host: `localhost:8000/v1`, a number; holding a space or
-    a control character, which `urlsplit` drops and the HTTP client refuses, as it does a port
+    `http://` or `https://` URL with a host: `localhost:8000/v1`, a number; holding a control
+    or invisible character, which `urlsplit` drops, spaces around it or in its host (one in its
+    path is sent percent-encoded), a port
     that is no number from 0 to 65535, or anything `parse`, its URL parser, refuses) or an API
     key that is not text: the model was made, and each turn then failed with a model error."""
     if base_url is not None:
@@ -89,6 +90,8 @@ def _unreachable(base_url: object, parse: Callable[[str], object] | None) -> str
             return ""
     except ValueError:  # a malformed host (`http://[::1`)
         return ""
+    if any(c.isspace() for c in parts.netloc):  # no host holds one
+        return ": its host holds a space"
     try:
         parts.port  # noqa: B018 - read to check it
     except ValueError:  # `:114340`, `:11434abc`
