@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Coroutine
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 import httpx
 import pytest
@@ -22,6 +21,7 @@ from signoff.testing import call, call_tools, reply, scripted_agent, store_conte
 
 from ._server_api import error
 from ._subagents import ALICE, Counted, refund_agents
+from .test_subagents_missing import _answering_the_mirror
 
 GONE = "unknown tool 'billing'; available: billing_agent"
 
@@ -78,22 +78,6 @@ async def _parked(store_url: str, *, unresumed: bool = False) -> _Parked:
 async def _spent(rt: so.Runtime, session_id: str) -> so.Usage:
     state = await rt.state(session_id)
     return state.usage + state.delegated
-
-
-def _answering_the_mirror(
-    how: str, rt: so.Runtime, session_id: str, mirror: str
-) -> Coroutine[Any, Any, so.GenerateResult]:
-    """The call `how` answering the parent's mirror `mirror` (approve) in `rt`, as ALICE."""
-    approve = so.InputResponse(request_id=mirror, option_id="approve")
-    if how == "respond":
-        return rt.respond(session_id, [approve], principal=ALICE)
-    if how == "respond-unresumed":
-        return rt.respond(session_id, [approve], principal=ALICE, resume=False)
-    if how == "decision":
-        decision = so.Decision(id=mirror, approved=True)
-        return rt.generate(session_id=session_id, approvals=[decision], auth=ALICE)
-    policy: Literal["steer", "queue"] = "queue" if how == "send-queue" else "steer"
-    return rt.send(session_id, "approve", principal=ALICE, turn_policy=policy)
 
 
 @pytest.mark.parametrize("how", ["respond", "respond-unresumed", "decision", "send", "send-queue"])
