@@ -282,13 +282,17 @@ async def test_answering_a_mirror_in_a_process_lacking_the_parents_agent_is_refu
     assert ran == [{"order_id": "1042", "amount": 180.0}] and after.calls == 1
 
 
+MIRROR_ANSWERS = [
+    ("responses", {"inputResponses": [{"requestId": "MIRROR", "optionId": "approve"}]}),
+    ("approvals", {"approvals": [{"id": "MIRROR", "approved": True}]}),
+    ("messages", {"text": "approve"}),
+]
+"""Each HTTP route's approval of a parent's mirror (`MIRROR`: its request id, filled in)."""
+
+
 @pytest.mark.parametrize(
     ("path", "payload"),
-    [
-        ("responses", {"inputResponses": [{"requestId": "MIRROR", "optionId": "approve"}]}),
-        ("approvals", {"approvals": [{"id": "MIRROR", "approved": True}]}),
-        ("messages", {"text": "approve"}),
-    ],
+    MIRROR_ANSWERS,
 )
 async def test_a_server_lacking_the_parents_agent_refuses_an_answer_to_its_mirror(
     store_url: str, path: str, payload: dict[str, Any]

@@ -21,7 +21,7 @@ from signoff.testing import call, call_tools, reply, scripted_agent, store_conte
 
 from ._server_api import error
 from ._subagents import ALICE, Counted, refund_agents
-from .test_subagents_missing import _answering_the_mirror
+from .test_subagents_missing import MIRROR_ANSWERS, _answering_the_mirror
 
 GONE = "unknown tool 'billing'; available: billing_agent"
 
@@ -263,11 +263,7 @@ async def test_a_child_answered_directly_after_the_deploy_is_counted_in_its_pare
 
 @pytest.mark.parametrize(
     ("path", "payload"),
-    [
-        ("responses", {"inputResponses": [{"requestId": "MIRROR", "optionId": "approve"}]}),
-        ("approvals", {"approvals": [{"id": "MIRROR", "approved": True}]}),
-        ("messages", {"text": "approve"}),
-    ],
+    MIRROR_ANSWERS,
 )
 async def test_a_server_refuses_an_answer_through_a_delegate_tool_gone(
     store_url: str, path: str, payload: dict[str, Any]
