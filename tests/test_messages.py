@@ -11,6 +11,7 @@ from typing import Any, Literal
 import pytest
 
 import signoff as so
+from signoff import _message_places, _message_results
 from signoff._engine import Driver
 from signoff.testing import (
     Capture,
@@ -557,6 +558,60 @@ async def test_a_keyed_message_sent_twice_at_once_behind_a_finished_turn_is_deli
             "Hi Alice.",
             False,
         )
+        assert [m for m, _, _ in await started(one, sid)] == ["upgrade me", "bob here", "also this"]
+
+
+async def test_a_keyed_repeat_finding_its_message_taken_by_a_turn_still_running_waits_for_it(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The repeat read the session with its message still queued, then found that another
+    process's turn had taken it and still ran: it is told that turn once it ends, as the first
+    call would be, not `running` as if it were a turn before the one it read."""
+    running, go = asyncio.Event(), asyncio.Event()
+
+    async def alice(conversation: list[so.Message]) -> so.ModelResponse:
+        running.set()
+        await go.wait()
+        return reply("Hi Alice.")
+
+    agent = plan_agent(reply("Hi Bob."), alice)
+    async with (
+        so.Runtime([agent], store=store_url) as one,
+        so.Runtime([agent], store=store_url) as two,
+    ):
+        sid = await parked_with_bob_queued(one)
+        async with so.Runtime([agent], store=store_url, inline=False) as client:
+            await client.cancel(sid)  # leaves Bob's message waiting behind the cancelled turn
+            first = await client.send(sid, "also this", principal=ALICE, idempotency_key="k")
+        assert first.queued
+        taking = _message_places.turn_taking
+        drives: list[asyncio.Task[so.GenerateResult]] = []
+
+        async def taken_meanwhile(store: Any, session_id: str, went: Any) -> Any:
+            if not drives:  # Bob's turn, then the one taking the message, still running
+                drives.append(asyncio.create_task(one.generate(session_id=sid)))
+                await asyncio.wait_for(running.wait(), 10)
+            return await taking(store, session_id, went)
+
+        acquire = two._acquire
+
+        async def acquiring(*args: Any, **kwargs: Any) -> Any:
+            go.set()  # the repeat waits for the lease of the turn that took its message
+            return await acquire(*args, **kwargs)
+
+        monkeypatch.setattr(_message_results, "turn_taking", taken_meanwhile)
+        monkeypatch.setattr(two, "_acquire", acquiring)
+        try:
+            again = await two.send(sid, "also this", principal=ALICE, idempotency_key="k")
+        finally:
+            go.set()
+        driven = await drives[0]
+        assert again.replayed and (again.status, again.text, again.queued) == (
+            "completed",
+            "Hi Alice.",
+            False,
+        )
+        assert driven.turn_id == again.turn_id
         assert [m for m, _, _ in await started(one, sid)] == ["upgrade me", "bob here", "also this"]
 
 

@@ -105,6 +105,8 @@ class MessageResults(Answering):
                 first = await self._first(state, idem)
                 went = None if first is None else InTurn(*first)
         at = None if went is None else await turn_taking(self.store, session_id, went)
+        if at is not None and at.first_seq > state.seq:  # a turn took it since: it may run yet
+            state = await self._state(session_id)
         if at is not None and (state.turn is None or state.turn.id != at.turn_id):
             result = await self._earlier(state, *at)
         elif expired or went is None:
