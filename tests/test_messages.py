@@ -615,6 +615,29 @@ async def test_a_keyed_repeat_finding_its_message_taken_by_a_turn_still_running_
         assert [m for m, _, _ in await started(one, sid)] == ["upgrade me", "bob here", "also this"]
 
 
+@pytest.mark.parametrize("keyed", [False, True], ids=["no key", "keyed"])
+async def test_an_answering_message_behind_its_senders_queued_one_is_told_as_its_repeat(
+    tmp_path: Path, keyed: bool
+) -> None:
+    """Alice answers the question while a message of hers waits behind it: without a key she is
+    told her own next turn (README); with one, the turn she answered, which is what a repeat
+    of the call is told."""
+    agent = plan_agent(reply("Pro it is."), reply("Hello."))
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("sales", prompt="upgrade me", auth=ALICE)
+        queued = await rt.send(r.session_id, "also this", principal=ALICE, turn_policy="queue")
+        assert queued.queued
+        key = "k" if keyed else None
+        first = await rt.send(r.session_id, "pro", principal=ALICE, idempotency_key=key)
+        assert [m for m, _, _ in await started(rt, r.session_id)] == ["upgrade me", "also this"]
+        if not keyed:
+            assert (first.status, first.text) == ("completed", "Hello.")
+            return
+        assert (first.turn_id, first.status, first.text) == (r.turn_id, "completed", "Pro it is.")
+        again = await rt.send(r.session_id, "pro", principal=ALICE, idempotency_key=key)
+        assert again.replayed and seen_as(again) == seen_as(first)
+
+
 @pytest.mark.parametrize("case", ["answer", "new turn"])
 async def test_a_keyed_answer_or_first_message_sent_twice_at_once_acts_once(
     store_url: str, case: str, monkeypatch: pytest.MonkeyPatch

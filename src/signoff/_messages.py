@@ -280,6 +280,8 @@ class Messages(MessageResults):
                     if idle is not None:  # settled nothing, nothing due: drives nothing
                         return self._result(idle, outcomes)
                     went_to = turns[0] if turns else None
+                    if went_to is not None and idem is not None:  # as its repeat is told
+                        went_to = dataclasses.replace(went_to, keyed=True)
                     return await self._drive(session_id, outcomes=outcomes, answered=went_to)
             held_on_approval = any(r.kind == "tool-approval" for r in pending)
             who = None if principal is None else principal.model_dump()

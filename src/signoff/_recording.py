@@ -316,11 +316,14 @@ async def load_turn(store: Store, session_id: str, turn_id: str, first_seq: int)
 @dataclass(frozen=True, slots=True)
 class Answered:
     """The turn a call's answers went to (its id and first event), and who gave them: what that
-    call is told once the turn is over, rather than a later turn's result (`ended_under`)."""
+    call is told once the turn is over, rather than a later turn's result (`ended_under`).
+    `keyed`: a message sent with an idempotency key, told that turn even when the next is its
+    sender's own, as its repeat is."""
 
     turn_id: str
     first_seq: int
     by: Principal | None
+    keyed: bool = False
 
 
 def _same_person(a: Principal | None, b: Principal | None) -> bool:
@@ -341,7 +344,8 @@ async def ended_under(
     else: what that drive's caller is told, rather than the other turn's result (another person's
     answer; one its sender queued behind it is the caller's to read). A call that answered
     (`answered`) is told the turn it answered in the same way, whatever turn its drive found
-    first, unless the later turn is one the one who answered started. None if that turn is
+    first, unless the later turn is one the one who answered started (and its message had no
+    idempotency key). None if that turn is
     still the session's, or completed otherwise (it drove a turn its message queued behind,
     and is told its own)."""
     if answered is not None:
@@ -360,6 +364,8 @@ async def ended_under(
         return ended
     if turn.id != own:
         return None
+    if answered is not None and answered.keyed:
+        return ended
     caller = turn.principal if answered is None else answered.by
     return None if _same_person(state.turn.principal, caller) else ended
 
