@@ -485,6 +485,46 @@ def test_as_naming_no_one_is_refused_before_anything_runs(
     assert not fresh.exists()
 
 
+@pytest.mark.parametrize("given", ["alice ", " alice", "local :alice", "local: alice"])
+def test_as_with_spaces_around_a_name_is_refused(given: str, url: str) -> None:
+    """`--as "alice "` was another principal than `alice` (a second vote in a quorum), though
+    every refusal printed the two alike: usage, exit 2, nothing recorded."""
+    session_id, request_id = park(url)
+    before = log(url, session_id)
+    refused = invoke("approve", request_id, "--store", url, "--as", given)
+    assert refused_usage(refused) == f"Invalid value: --as {given!r} has spaces around a name: " + (
+        "write it without them"
+    )
+    assert log(url, session_id) == before
+
+
+def test_approve_whose_turn_another_process_cancels_meanwhile_says_so(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The turn this command went on to run was cancelled from elsewhere while the model ran:
+    it printed only "approved", as if the turn went on."""
+    session_id, request_id = park(url)
+    complete = so.models.Scripted.complete
+
+    async def cancelled_meanwhile(self: so.models.Scripted, request: Any) -> so.ModelResponse:
+        elsewhere = so.Runtime([agent], store=url, inline=False)
+        try:
+            await elsewhere.cancel(request.session_id, "stop it")
+        finally:
+            await elsewhere.close()
+        return await complete(self, request)
+
+    monkeypatch.setattr(so.models.Scripted, "complete", cancelled_meanwhile)
+    result = invoke("approve", request_id, TARGET, "--store", url)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[-2:] == [
+        f"approved {request_id} (issue_refund in session {session_id})",
+        "the turn was cancelled",
+    ]
+    cancels = [e for e in log(url, session_id) if e.type == "turn.cancelled"]
+    assert [e.data.get("reason") for e in cancels] == ["stop it"]
+
+
 def test_approve_that_continues_a_turn_which_then_fails_exits_1(url: str) -> None:
     """The answer is recorded, but the turn this command went on to run failed: a script must
     not read that as success (it exited 0, the failure a line on stdout among the others)."""

@@ -358,6 +358,9 @@ def parse_principal(value: str | None) -> Principal:
     problem = blank_identity(principal)  # `--as " "`: refused by every answer, every message
     if problem is not None:
         raise UsageError(f"--as {value!r} names no one: {problem}")
+    if any(part != part.strip() for part in (authenticator, principal_id)):
+        # `bob ` is another principal than `bob` (a second vote in a quorum), printed alike.
+        raise UsageError(f"--as {value!r} has spaces around a name: write it without them")
     return principal
 
 

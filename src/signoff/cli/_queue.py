@@ -463,6 +463,10 @@ async def _settle(
         raise typer.Exit(1)
     elif result.status == "running":
         console.print("[yellow]another process is running this session's turn[/]")
+    elif result.status == "cancelled":  # by another process, or the session's TTL, meanwhile
+        console.print("[yellow]the turn was cancelled[/]")
+    else:  # `waiting` on nothing this command can name, `idle`: said, never left unsaid
+        console.print(f"[dim]its turn is {result.status}[/]")
 
 
 async def _interrupted(
