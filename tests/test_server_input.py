@@ -352,6 +352,42 @@ def test_a_parameter_named_twice_is_refused_not_half_read(alice: httpx.Client, s
     assert alice.get("/v1/requests?tenant=nobody&limit=1").json()["total"] == 1
 
 
+def test_an_idempotency_key_on_a_route_that_takes_none_is_refused_not_dropped(
+    alice: httpx.Client, store: str
+) -> None:
+    """A key sent to `/responses`, `/approvals`, `/cancel`, a DELETE or `/prune` was dropped
+    unsaid (two of them, or one of the wrong form, too), so a client retrying with it was made
+    no promise: a retried prune deleted a second batch. 400 `usage_error`, nothing stored."""
+    sid = start(alice)["session_id"]
+    before = _stored(store)
+    calls: list[tuple[str, str, Any]] = [
+        (
+            "POST",
+            f"/v1/sessions/{sid}/responses",
+            {"inputResponses": [{"requestId": "req_x", "optionId": "approve"}]},
+        ),
+        (
+            "POST",
+            f"/v1/sessions/{sid}/approvals",
+            {"approvals": [{"id": "req_x", "approved": True}]},
+        ),
+        ("POST", f"/v1/sessions/{sid}/cancel", {"reason": "no"}),
+        ("DELETE", f"/v1/sessions/{sid}", None),
+        ("POST", "/v1/prune", {"olderThan": 0}),
+    ]
+    for keys in (
+        [("Idempotency-Key", "k-1")],
+        [("Idempotency-Key", "a"), ("Idempotency-Key", "b")],
+    ):
+        for method, url, body in calls:
+            r = alice.request(method, url, json=body, headers=keys)
+            detail = error(r, 400, "usage_error")
+            assert "takes no Idempotency-Key" in detail["message"], (method, url)
+    assert _stored(store) == before
+    r = alice.get(f"/v1/sessions/{sid}", headers={"Idempotency-Key": "k-1"})  # reads change nothing
+    assert r.status_code == 200 and r.json()["status"] == "waiting"
+
+
 def test_a_query_that_is_not_utf8_is_refused_not_read_as_other_text(
     alice: httpx.Client, store: str
 ) -> None:

@@ -7,7 +7,8 @@ given twice is refused, and so is a second `Content-Type` of a body: FastAPI rea
 whole-number query parameter is plain digits, as `Last-Event-ID` is: pydantic would also read
 `1_0` as 10 and `+5` or ` 5` as 5. A decimal one (`older_than`) is a plain decimal number the
 same way: digits, maybe a fraction and an exponent (`90`, `1.5`, `1e3`), and nothing around
-them. The query string is UTF-8 (`NOT_UTF8`), a dashboard page's too (`check_query`).
+them. The query string is UTF-8 (`NOT_UTF8`), a dashboard page's too (`check_query`). An
+`Idempotency-Key` sent to a route that changes something and takes none is 400 `usage_error`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,12 @@ U+FFFD and its raw bytes past ASCII as Latin-1, a filter for text no one sent.""
 
 _WHOLE = re.compile("[0-9]+")
 _DECIMAL = re.compile("[0-9]+(?:\\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+
+
+_UNKEYED = (
+    "this route takes no Idempotency-Key (only POST /v1/sessions, .../messages and .../generate "
+    "with a message do): send it without one"
+)
 
 
 def _refused(field: str, problem: str) -> ApiError:
@@ -79,9 +86,15 @@ class ApiRoute(UniqueKeysRoute):
             elif float in kinds:
                 forms[p.alias] = (_DECIMAL, "a number in plain decimal digits (90, 1.5, 1e3)")
 
+        # A key on a route that takes none would be dropped: its repeat acts again, unsaid.
+        changes = bool((self.methods or set()) - {"GET", "HEAD"})
+        unkeyed = changes and "Idempotency-Key" not in headers
+
         async def checked(request: Request) -> Response:
             await get_context(request).require(request)
             check_query(request)
+            if unkeyed and "idempotency-key" in request.headers:
+                raise ApiError(400, "usage_error", _UNKEYED)
             for where, names, given in (
                 ("query", queries, request.query_params),
                 ("header", headers, request.headers),
