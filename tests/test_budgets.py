@@ -112,7 +112,8 @@ def test_a_continue_raises_by_one_size_at_least() -> None:
 def test_a_continue_raises_the_cost_budget_by_what_the_next_call_needs_too() -> None:
     """$1 in and $10 out a million tokens, max_cost_usd=0.001: $0.00501 spent, the next call
     reading 5,000 tokens ($0.005) and one output token ($0.00001) needs $0.01002: 11 sizes;
-    each budget is raised by the most either needs."""
+    each budget is raised by as many of its own sizes as it needs, a size more at least (the
+    README's rule), not by as many as the other needs."""
     state = _state(usage=Usage(input_tokens=5000, output_tokens=1, cost_usd=0.00501))
     model = _Priced((1.0, 10.0))
     limits = Limits(max_cost_usd=0.001)
@@ -122,10 +123,44 @@ def test_a_continue_raises_the_cost_budget_by_what_the_next_call_needs_too() -> 
     state.raised = {}
     both = Limits(max_tokens=100_000, max_cost_usd=0.001)
     to = continue_to(state, both, model, 5000)
-    assert to == {"max_tokens": 1_100_000, "max_cost_usd": 0.001 * 11}
-    assert raised_to(to) == "max_tokens raised to 1100000 and max_cost_usd raised to 0.011"
+    assert to == {"max_tokens": 200_000, "max_cost_usd": 0.001 * 11}
+    assert raised_to(to) == "max_tokens raised to 200000 and max_cost_usd raised to 0.011"
     free = _Priced((1.0, 0.0))  # free output: what is left need only be more than nothing
     assert continue_to(state, limits, free, 5000) == {"max_cost_usd": 0.001 * 11}
+
+
+def test_each_budget_is_raised_by_its_own_sizes() -> None:
+    """One expensive call spent max_cost_usd=0.01 ($0.5 of 5,010 tokens) with max_tokens=100,000
+    far from spent: the cost budget goes to 51 sizes, the tokens one size more (200,000), not
+    51 sizes (5,100,000); and the other way round, a spent token budget leaves the cost one
+    size more."""
+    model = _Priced()
+    both = Limits(max_tokens=100_000, max_cost_usd=0.01)
+    costly = _state(usage=Usage(input_tokens=5000, output_tokens=10, cost_usd=0.5))
+    assert continue_to(costly, both, model, 5000) == {
+        "max_tokens": 200_000,
+        "max_cost_usd": 0.01 * 51,
+    }
+    long = _state(usage=Usage(input_tokens=5000, output_tokens=10, cost_usd=0.01))
+    limits = Limits(max_tokens=1000, max_cost_usd=1.0)
+    assert continue_to(long, limits, model, 5000) == {"max_tokens": 11000, "max_cost_usd": 2.0}
+
+
+def test_a_continue_after_a_cut_reply_leaves_the_next_the_room_asked() -> None:
+    """A reply cut at the 70 output tokens left, 2,000 spent and 960 to read: a continue that
+    left 40 would cut the next reply shorter still; asked for twice the 70, it leaves 1,040
+    (4 sizes), in each budget."""
+    state = _state(usage=Usage(input_tokens=1920, output_tokens=80))
+    limits, model = Limits(max_tokens=1000), _Priced()
+    assert continue_to(state, limits, model, 960) == {"max_tokens": 3000}  # one token
+    assert continue_to(state, limits, model, 960, room=140) == {"max_tokens": 4000}
+    priced = _state(usage=Usage(input_tokens=1920, output_tokens=80, cost_usd=0.0028))
+    cost = Limits(max_cost_usd=0.001)  # $1 in, $10 out: 960 read is $0.00096, 140 out $0.0014
+    assert continue_to(priced, cost, _Priced((1.0, 10.0)), 960) == {"max_cost_usd": 0.001 * 4}
+    to = continue_to(priced, cost, _Priced((1.0, 10.0)), 960, room=140)
+    assert to == {"max_cost_usd": 0.001 * 6}
+    raised = _state(usage=priced.usage, raised=to)
+    assert call_cap(raised, cost, _Priced((1.0, 10.0)), {}, 960)[0] == 224  # more than 140
 
 
 def test_a_continue_raising_a_tiny_budget_stays_a_number() -> None:

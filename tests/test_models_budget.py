@@ -46,8 +46,9 @@ async def test_a_reply_cut_off_at_the_budget_asks_to_raise_it_and_is_never_used(
     """max_tokens=200: the first call (60 tokens, 50 of them input, which the second reads
     again) leaves 140, so the second asks for at most 90 output tokens; cut off there, its half
     answer is counted (205) but neither recorded as the turn's answer nor shown to the model
-    again; the person is asked, and `continue` (budget 400, 195 left, 140 after the 55 input
-    tokens the cut call read, which the next reads again) lets the next call finish the turn.
+    again; the person is asked, and `continue` (budget 600, 395 left, 340 after the 55 input
+    tokens the cut call read, which the next reads again: twice the 90 it was cut at, at
+    least) lets the next call finish the turn.
     Before, the second call was sent without a limit and its half answer ended the turn."""
     with FakeLLM(flavor, strict=True) as fake:
         if flavor == "openai":
@@ -88,7 +89,7 @@ async def test_a_reply_cut_off_at_the_budget_asks_to_raise_it_and_is_never_used(
             assert ask.question == (
                 "the model's reply was cut off at the 90 output tokens left in the session's "
                 "budget: the session used 205 of max_tokens=200. Continue with max_tokens "
-                "raised to 400, or stop?"
+                "raised to 600, or stop?"
             )
             assert "deliv" not in r.text
         async with so.Runtime([agent], store=store_url) as rt:  # a new process answers
@@ -104,7 +105,7 @@ async def test_a_reply_cut_off_at_the_budget_asks_to_raise_it_and_is_never_used(
             log = await events(rt, r.session_id)
         await model.aclose()
         sent = fake.bodies
-    assert [limit_of(b) for b in sent] == [200, 90, 140]
+    assert [limit_of(b) for b in sent] == [200, 90, 340]
     assert "deliv" not in str(sent[2]["messages"])  # the cut reply never reaches the model
     completed = [e.data["text"] for e in log if e.type == "model.completed"]
     assert completed == ["", "Order 7 was delivered."]

@@ -120,9 +120,10 @@ async def test_a_billed_reply_the_turn_did_not_use_is_read_again_by_the_next_cal
     store_url: str,
 ) -> None:
     """max_tokens=1000: a reply cut at the cap read 400 tokens and wrote 1000; `continue`
-    (budget 2000) leaves 600, of which the next call reads those 400 again: its cap is 200,
-    not 600 (the session ended at 2400 of 2000). A billed reply that failed the turn (a call
-    cut off) is read again by the retry alike."""
+    (budget 4000, room for twice the 1000 it was cut at) leaves 2600, of which the next call
+    reads those 400 again: its cap is 2200, not 2600 (which could end the session at 4400 of
+    4000). A billed reply that failed the turn (a call cut off) is read again by the retry
+    alike."""
     usage = so.Usage(input_tokens=400, output_tokens=1000)
     model = Capped(
         so.BudgetSpent("cut off", usage=usage),
@@ -139,7 +140,7 @@ async def test_a_billed_reply_the_turn_did_not_use_is_read_again_by_the_next_cal
         )
         assert (r.status, r.text) == ("completed", "Done.")
         assert (await rt.state(r.session_id)).usage.total_tokens == 2000
-    assert model.caps == [1000, 200]
+    assert model.caps == [1000, 2200]
 
     failing = Capped(
         so.ModelError("cut off", usage=so.Usage(input_tokens=400, output_tokens=50)),

@@ -65,5 +65,8 @@ async def test_a_turn_cut_at_the_cap_asks_to_continue_or_stop(store_url: str) ->
         assert log.count() == 0
         answer = so.InputResponse(request_id=ask.id, option_id="continue")
         r = await rt.respond(r.session_id, [answer], principal=ALICE)
-        # The budget is 600 now, 400 spent and 100 held back for the input: cut again.
-        assert r.status == "waiting" and r.pending[0].kind == "session-limit"
+        # The budget is 1200 now, 400 spent and 100 held back for the input: 700 left, room
+        # for twice the 300 it was cut at (before, 600, it was cut again at 100, and so on).
+        assert (r.status, r.text) == ("completed", "done")
+        assert log.count() == 1
+        assert (await rt.state(r.session_id)).raised == {"max_tokens": 1200}

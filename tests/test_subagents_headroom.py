@@ -187,3 +187,26 @@ async def test_a_middle_session_on_its_share_fails_in_turn_and_the_top_asks(
         question = limit.question or ""
         assert f"its subagent (session {child.id}) stopped on what" in question
         assert "130 of max_tokens=200 (120 of them by its subagents)" in question
+
+
+async def test_a_child_whose_own_budget_and_share_are_spent_at_once_fails_on_the_share(
+    store_url: str,
+) -> None:
+    """The parent (max_tokens=60) spent 10 and delegates to a child of max_tokens=50: after ten
+    steps of 5 the child spent both its own budget and its share. It fails on the share rather
+    than asking (docs/subagents.md): a `continue` raising its own would fail it at once, and
+    the parent ask again. It used to ask that pointless question first; now the parent asks."""
+    agents = [delegating("support", "orders", tokens(10), max_tokens=60)]
+    agents.append(busy("orders", tokens(5), max_tokens=50))
+    async with so.Runtime(agents, store=store_url) as rt:
+        r = await rt.generate("support", prompt="where is 3?", auth=ALICE)
+        [child] = await rt.sessions(agent="orders")
+        kid = await rt.state(child.id)
+        assert kid.usage == tokens(50) and kid.raised == {}
+        assert kid.turn is not None and kid.turn.error is not None
+        assert kid.turn.error["code"] == "session_limit_reached"
+        assert "past the 50 its parent session had left" in kid.turn.error["message"]
+        assert not [q for q in kid.requests.values() if q.request.kind == "session-limit"]
+        [limit] = r.pending
+        assert limit.kind == "session-limit" and limit.child is None
+        assert "60 of max_tokens=60 (50 of them by its subagents)" in (limit.question or "")

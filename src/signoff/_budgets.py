@@ -133,43 +133,50 @@ def _bounds(s: SessionState, max_tokens: int | None, max_cost: float | None) -> 
 
 
 def continue_to(
-    s: SessionState, limits: Limits, model: object, floor: int, more: Usage | None = None
+    s: SessionState,
+    limits: Limits,
+    model: object,
+    floor: int,
+    more: Usage | None = None,
+    room: int = 1,
 ) -> dict[str, Any]:
     """What a `continue` raises each of the session's own budgets to: a whole number of its
     sizes, as many as its next model call, reading at least `floor` input tokens, needs to be
-    made (one output token left, as `call_cap` holds its input back) once `more` is spent
-    besides; a size more than it is at least. Decided when the person is asked and recorded
-    with the request (`raise_to`), never recomputed: a redeploy's other size changes nothing."""
+    made with `room` output tokens left (as `call_cap` holds its input back) once `more` is
+    spent besides; a size more than it is at least. Each budget counts its own sizes: one that
+    was not spent is not raised as far as the other needs. Decided when the person is asked
+    and recorded with the request (`raise_to`), never recomputed."""
     spent = s.usage + s.delegated + (more or Usage())
     least, price = input_price_floor(model) or 0.0, output_price(model)
     reading = Usage(input_tokens=floor, cost_usd=floor * least)
-    sizes = {
-        k: v
-        for k, v in (("max_tokens", limits.tokens_bound), ("max_cost_usd", limits.cost_bound))
-        if v is not None
-    }
-    past = {
-        k: _past(b, sizes[k]) for k, b in _bounds(s, limits.tokens_bound, limits.cost_bound).items()
-    }
-    times = 1  # how many of their sizes the budgets need to be
-    if limits.tokens_bound is not None:  # more than what is spent and read, by a token
-        times = max(times, -(-(spent.total_tokens + floor + 1) // limits.tokens_bound))
-    if limits.cost_bound is not None:  # what is spent and read, and one token's output
-        want = (spent.cost_usd + reading.cost_usd + (price or 0.0)) / limits.cost_bound
-        if not want < _MOST_SIZES:  # past it (or infinite): as many as one continue gives
-            times = max(times, 2 * _MOST_SIZES)
-        else:
-            times = max(times, math.floor(want) + 1 if price is None else math.ceil(want))
+    bounds = _bounds(s, limits.tokens_bound, limits.cost_bound)
     to: dict[str, Any] = {}
-    # Rounding may leave a float a hair short: a size more, as `output_cap` counts it.
-    for more_sizes in range(4):
-        to = {
-            k: size * min(max(times, past[k]) + more_sizes, past[k] - 1 + _MOST_SIZES)
-            for k, size in sizes.items()
-        }
-        if output_cap(spare(to, spent + reading), price) != 0:
-            break
+    for k, size in (("max_tokens", limits.tokens_bound), ("max_cost_usd", limits.cost_bound)):
+        if size is None:
+            continue
+        past = _past(bounds[k], size)
+        times = max(_needed(k, size, spent, reading, price, room), past)
+        # Rounding may leave a float a hair short: a size more, as `output_cap` counts it.
+        for more_sizes in range(4):
+            to[k] = size * min(times + more_sizes, past - 1 + _MOST_SIZES)
+            cap = output_cap(spare({k: to[k]}, spent + reading), price)
+            if cap is None or cap >= room:
+                break
     return to
+
+
+def _needed(
+    k: str, size: float, spent: Usage, reading: Usage, price: float | None, room: int
+) -> int:
+    """How many of its sizes budget `k` needs to be for a call reading `reading` to be left
+    `room` output tokens once `spent` is counted (as many as one `continue` gives at most)."""
+    if k == "max_tokens":  # more than what is spent and read, by the room
+        return -(-(spent.total_tokens + reading.total_tokens + room) // int(size))
+    # What is spent and read, and the room's output at its price (free: more than nothing).
+    want = (spent.cost_usd + reading.cost_usd + room * (price or 0.0)) / size
+    if not want < _MOST_SIZES:  # past it (or infinite): as many as one continue gives
+        return 2 * _MOST_SIZES
+    return math.floor(want) + 1 if price is None else math.ceil(want)
 
 
 def _past(bound: float, size: float) -> int:

@@ -113,15 +113,16 @@ class ModelStep(DriverPart):
         if turn.steps >= limits.max_steps:
             await self._fail_limit(f"the turn reached max_steps={limits.max_steps}")
             return True
-        if budget is not None:
-            return await self._session_limit(budget)
         past, theirs = await self._past_headroom()
         if past is not None:
             # The budget spent is its parent's: not this session's to raise (it would ask to
             # raise its own). The delegate call fails, naming it (`share_spent`), and the parent
-            # asks to continue or stop at its next model step, as this check does below.
+            # asks to continue or stop at its next model step, as this check does below. Its
+            # own spent too, it fails all the same: a `continue` on it would fail here next.
             await self._fail_limit(past, share=True)
             return True
+        if budget is not None:
+            return await self._session_limit(budget)
         if turn.share_spent is not None and await self._share_spent(turn.share_spent, theirs):
             return True
         # The reply may spend on output what the budgets leave, its own or its parent's share,
@@ -390,7 +391,9 @@ class ModelStep(DriverPart):
         limits = self.agent.limits
         used = "; ".join(t for t, _ in spending(s, limits.tokens_bound, limits.cost_bound, spent))
         problem = f"{what} in the session's budget: {used}"
-        return await self._session_limit(problem, usage=spent, kept=kept)
+        # A reply that needed more than the `cap` output tokens left: a `continue` leaves the
+        # next twice as many at least, so answers in a row let one as long as it needs run.
+        return await self._session_limit(problem, usage=spent, kept=kept, room=max(1, 2 * cap))
 
     async def _fail_limit(
         self,
@@ -430,12 +433,13 @@ class ModelStep(DriverPart):
         return await self._session_limit(f"{stopped} this session's budget left it: {used}")
 
     async def _session_limit(
-        self, problem: str, *, usage: Usage | None = None, kept: int | None = None
+        self, problem: str, *, usage: Usage | None = None, kept: int | None = None, room: int = 1
     ) -> bool:
         """A budget is spent: ask the person to continue (raising it as far as the next model
         call needs, `continue_to`) or stop (`stopped_at_limit`); with nobody to ask, fail with
         `session_limit_reached`. `usage` is what a reply the budget cut off cost, counted with
-        the request (or the failure), and `kept` as `billing` says."""
+        the request (or the failure), `kept` as `billing` says, and `room` the output tokens
+        the `continue` leaves the next call at least."""
         s = self.state
         turn = s.turn
         assert turn is not None
@@ -466,7 +470,7 @@ class ModelStep(DriverPart):
         if paused:
             floor = max(floor, paused[-1].usage.input_tokens)
         limits = self.agent.limits
-        to = continue_to(s, limits, self.agent.model, floor, usage)
+        to = continue_to(s, limits, self.agent.model, floor, usage, room)
         raised = raised_to(to)
         request = InputRequest(
             kind="session-limit",
