@@ -1,6 +1,7 @@
 """What a call that answers is told once its answers let the turn go on: the turn it answered,
 not the next person's turn its drive then ran, however it answered and whatever its drive found
-first; behind a message the one who answered queued, that later turn."""
+first, or another process's drive (a worker's, one that took the turn over); behind a message
+the one who answered queued, that later turn."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import pytest
 
 import signoff as so
 from signoff.testing import call, call_tools, reply, scripted_agent, sqlite_runtime, tool_results
+
+from ._leasing import take_over
 
 
 def person(name: str, **attributes: str) -> so.Principal:
@@ -101,8 +104,8 @@ async def test_votes_given_at_once_are_each_told_the_turn_they_answered(tmp_path
         assert (state.turn.status, state.turn.text) == ("completed", "Hi.")
 
 
-def plan_agent(*steps: Any) -> so.Agent:
-    """A turn that waits on a question until someone picks a plan."""
+def pick_plan() -> so.Tool:
+    """A tool that asks which plan, options only."""
 
     @so.tool
     async def pick_plan(ctx: so.ToolContext) -> str:
@@ -110,8 +113,13 @@ def plan_agent(*steps: Any) -> so.Agent:
         a = await ctx.ask("Which plan?", options=["basic", "pro"], allow_text=False)
         return str(a.value)
 
+    return pick_plan
+
+
+def plan_agent(*steps: Any) -> so.Agent:
+    """A turn that waits on a question until someone picks a plan."""
     return scripted_agent(
-        "sales", [call_tools(call("pick_plan", call_id="p1")), *steps], tools=[pick_plan]
+        "sales", [call_tools(call("pick_plan", call_id="p1")), *steps], tools=[pick_plan()]
     )
 
 
@@ -132,3 +140,77 @@ async def test_behind_a_message_of_the_one_who_answered_the_call_is_told_that_tu
         done = await rt.respond(r.session_id, [pick], principal=person("alice", sign_in="3"))
         assert done.turn_id != r.turn_id
         assert (done.status, done.text) == ("completed", "second done")
+
+
+@pytest.mark.parametrize("how", ["respond", "send"])
+async def test_an_answer_whose_turn_a_worker_ran_on_is_told_the_turn_it_answered(
+    store_url: str, how: str
+) -> None:
+    """Alice answered with `inline=False`, and a worker ran her turn to its end and then Bob's
+    before her call read the session: she was told Bob's turn and his answer, as the call
+    leaving the turn to a worker never asked which turn it had answered."""
+    agent = plan_agent(reply("Alice's answer."), reply("Bob's answer."))
+    async with (
+        so.Runtime([agent], store=store_url) as worker,
+        so.Runtime([agent], store=store_url, inline=False) as client,
+    ):
+        r = await worker.generate("sales", prompt="upgrade me", auth=ALICE)
+        [question] = r.pending
+        assert (await worker.send(r.session_id, "bob here", principal=BOB)).queued
+        recover = client._recover
+
+        async def ran_meanwhile(state: so.SessionState) -> bool:
+            await worker.generate(session_id=r.session_id)  # a worker drives what she answered
+            await recover(state)
+            return True  # the session is read again
+
+        client._recover = ran_meanwhile  # type: ignore[method-assign]
+        if how == "respond":
+            pick = so.InputResponse(request_id=question.id, option_id="basic")
+            done = await client.respond(r.session_id, [pick], principal=ALICE)
+        else:
+            done = await client.send(r.session_id, "basic", principal=ALICE)
+        assert (done.status, done.turn_id, done.text) == ("completed", r.turn_id, "Alice's answer.")
+        state = await client.state(r.session_id)
+        assert state.turn is not None and state.turn.principal == BOB
+        assert (state.turn.status, state.turn.text) == ("completed", "Bob's answer.")
+
+
+async def test_an_answer_whose_drive_lost_its_lease_is_told_the_turn_it_answered(
+    store_url: str,
+) -> None:
+    """Alice's answer drove her turn and stalled in the model past its lease; another process
+    took the turn over, ended it and ran Bob's: her call, its lease lost, was told Bob's turn."""
+    stalled = asyncio.Event()
+    asked: list[int] = []
+
+    async def model(conversation: list[Any]) -> Any:
+        if [m.text for m in conversation if isinstance(m, so.UserMessage)][-1] == "bob here":
+            return reply("Bob's answer.")
+        if not tool_results(conversation):
+            return call_tools(call("pick_plan", call_id="p1"))
+        asked.append(1)
+        if len(asked) == 1:  # the answer's own drive stalls here
+            stalled.set()
+            await asyncio.sleep(600)
+        return reply("Alice's answer.")
+
+    agent = scripted_agent("sales", [model], tools=[pick_plan()], repeat_last=True)
+    async with (
+        so.Runtime([agent], store=store_url) as other,
+        so.Runtime([agent], store=store_url, lease_ttl=3.0) as rt,
+    ):
+        r = await other.generate("sales", prompt="upgrade me", auth=ALICE)
+        [question] = r.pending
+        assert (await other.send(r.session_id, "bob here", principal=BOB)).queued
+        pick = so.InputResponse(request_id=question.id, option_id="basic")
+        answering = asyncio.create_task(rt.respond(r.session_id, [pick], principal=ALICE))
+        await asyncio.wait_for(stalled.wait(), 10)
+        await take_over(rt.store, r.session_id)  # its lease lapsed, and another process took it
+        ran = await other.generate(session_id=r.session_id)  # ... ended her turn, ran Bob's
+        done = await asyncio.wait_for(answering, 10)
+        assert (done.status, done.turn_id, done.text) == ("completed", r.turn_id, "Alice's answer.")
+        assert (ran.turn_id, ran.text) == (r.turn_id, done.text)  # the resume is told it too
+        state = await rt.state(r.session_id)
+        assert state.turn is not None and state.turn.principal == BOB
+        assert (state.turn.status, state.turn.text) == ("completed", "Bob's answer.")

@@ -428,3 +428,37 @@ async def test_a_message_after_a_cancelled_inline_retry_drives_the_turn_it_left(
         assert (state.status, state.queued) == ("idle", [])
         assert len(model.conversations) == 4  # the failed call, the cancelled one, two turns
         assert texts(model.conversations[-1])[-1] == ("user", "and last month?")
+
+
+async def test_two_retries_at_once_are_each_told_the_turn_they_retried(store_url: str) -> None:
+    """Alice's turn failed with Bob's message queued behind it, and two processes retried it at
+    once (a double click from two surfaces): the second waited for the first's lease, which ran
+    her turn to its end and then Bob's, and was told Bob's turn and his answer."""
+    model = _HeldRetry()
+    agent = so.Agent(name="desk", model=model)
+    async with (
+        so.Runtime([agent], store=store_url) as one,
+        so.Runtime([agent], store=store_url) as two,
+    ):
+        r = await one.generate("desk", "my balance?", auth=ALICE)
+        assert (r.status, r.retryable) == ("failed", True)
+        assert (await one.send(r.session_id, "bob here", principal=BOB)).queued
+        first = asyncio.create_task(one.generate(session_id=r.session_id, auth=ALICE))
+        await asyncio.wait_for(model.asked.wait(), timeout=10)
+        waiting = asyncio.Event()
+        acquire = two._acquire
+
+        async def acquiring(*args: Any, **kwargs: Any) -> int | None:
+            waiting.set()  # asks for the lease the first retry holds
+            return await acquire(*args, **kwargs)
+
+        two._acquire = acquiring  # type: ignore[method-assign]
+        second = asyncio.create_task(two.generate(session_id=r.session_id, auth=ALICE))
+        await asyncio.wait_for(waiting.wait(), timeout=10)
+        model.go.set()
+        for each in await asyncio.wait_for(asyncio.gather(first, second), timeout=10):
+            assert (each.status, each.turn_id) == ("completed", r.turn_id)
+            assert each.text == "Your balance is 40."
+        state = await one.state(r.session_id)
+        assert state.turn is not None and state.turn.principal == BOB
+        assert (state.turn.status, state.turn.text) == ("completed", "Last month it was 30.")

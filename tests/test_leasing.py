@@ -2,6 +2,7 @@
 result discarded), the losing process records nothing more, and the process that takes the
 turn over runs the call again with the same idempotency key. Run on both stores. A model call
 in progress and a subagent's drive: test_leasing_models.py; renewals: test_leasing_renewals.py.
+A call that gave up waiting for another drive's lease reports the turn as it then reads it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 
 import signoff as so
-from signoff.testing import ManualClock
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
 from ._leasing import (
     ORDER,
@@ -368,3 +369,48 @@ async def test_a_drive_whose_lease_row_was_deleted_records_nothing_under_the_rei
         assert f"session {sid}: lease {held} lost" in caplog.text
         # The new holder's lease stands, and its token writes.
         assert await rt.store.renew_lease(sid, "restored", held, 60, now)
+
+
+async def test_a_call_that_gave_up_waiting_for_the_lease_reports_the_turn_as_it_reads_it(
+    store_url: str,
+) -> None:
+    """A resume waited `lease_wait` for the lease of another process's drive and gave up, and
+    that turn came to wait on a question meanwhile: the call read the session after giving up
+    and reported its turn, the question pending, yet said `running`, as if still driven."""
+    gate, entered = asyncio.Event(), asyncio.Event()
+
+    async def slow(conversation: list[so.Message]) -> so.ModelResponse:
+        entered.set()
+        await gate.wait()
+        return call_tools(call("pick_plan", call_id="p1"))
+
+    @so.tool
+    async def pick_plan(ctx: so.ToolContext) -> str:
+        """Choose a plan."""
+        return str((await ctx.ask("Which plan?", options=["basic", "pro"])).value)
+
+    agent = scripted_agent("sales", [slow, reply("Done.")], tools=[pick_plan])
+    async with (
+        so.Runtime([agent], store=store_url) as rt,
+        so.Runtime([agent], store=store_url, lease_wait=0.2) as other,
+    ):
+        sid = await rt.create_session("sales")
+        first = asyncio.create_task(rt.generate(session_id=sid, prompt="upgrade me"))
+        await asyncio.wait_for(entered.wait(), timeout=10)
+        acquire = other._acquire
+
+        async def acquiring(*args: Any, **kwargs: Any) -> int | None:
+            got = await acquire(*args, **kwargs)  # gives up: the first drive holds the lease
+            gate.set()
+            await first  # ... whose turn comes to wait on the question meanwhile
+            return got
+
+        other._acquire = acquiring  # type: ignore[method-assign]
+        told = await asyncio.wait_for(other.generate(session_id=sid), timeout=10)
+        parked = await first
+        assert parked.status == "waiting" and len(parked.pending) == 1
+        assert (told.status, told.turn_id, told.pending) == (
+            "waiting",
+            parked.turn_id,
+            parked.pending,
+        )

@@ -315,10 +315,10 @@ async def load_turn(store: Store, session_id: str, turn_id: str, first_seq: int)
 
 @dataclass(frozen=True, slots=True)
 class Answered:
-    """The turn a call's answers went to (its id and first event), and who gave them: what that
-    call is told once the turn is over, rather than a later turn's result (`ended_under`).
-    `keyed`: a message sent with an idempotency key, told that turn even when the next is its
-    sender's own, as its repeat is."""
+    """The turn a call's answers went to, or that its retry or resume found (its id and first
+    event), and who gave them (the person it serves): what that call is told once the turn is
+    over, rather than a later turn's result (`ended_under`). `keyed`: a message sent with an
+    idempotency key, told that turn even when the next is its sender's own, as its repeat is."""
 
     turn_id: str
     first_seq: int

@@ -282,8 +282,9 @@ class Runtime(Cancelling):
         idem = await keyed_in(self, session_id, idempotency_key, auth, "message", prompt or "")
         if agent is not None:
             await self._of_agent(session_id, agent)
-        if prompt is None:
-            return await self._drive(session_id, retry=True)
+        if prompt is None:  # a retry or resume: told the turn it found (`_resuming`)
+            found = await self._resuming(session_id)
+            return await self._drive(session_id, retry=True, answered=found)
         went: list[Went] = []  # the turn its prompt started, or its place in the queue
         async with self._own_turn(session_id):
             if not await self._start_turn(session_id, prompt, auth, idem=idem, went=went):

@@ -240,7 +240,7 @@ class SessionRunner(TurnLeases):
         lease_wait: float | None = None,  # for the first lease; `self.lease_wait` if None
         stopping: Callable[[], bool] | None = None,
         own: str | None = None,  # the turn this call's message started, if it knows it
-        answered: Answered | None = None,  # the turn this call's answers went to
+        answered: Answered | None = None,  # the turn its answers went to, or it resumes
     ) -> GenerateResult:
         """Drive the session's turn under a lease until it settles: one a worker `claimed`,
         one its creation took (`leased`), or else one acquired here. A lease lost is logged
@@ -254,8 +254,8 @@ class SessionRunner(TurnLeases):
             state = await self._state(session_id)
             if await self._recover(state):  # a waiting turn is no worker's to claim
                 state = await self._state(session_id)
-            busy = runnable(state, retry=retry)
-            return self._result(state, outcomes, busy=busy)  # a worker runs it
+            # A worker runs it, or ran it on past the turn this call is told (`_driven_elsewhere`).
+            return await self._driven_elsewhere(state, None, own, answered, outcomes, retry=retry)
         # A worker's drive that fails keeps its lease, for the worker to decide when the session
         # may be claimed again (`Workers._work_on`), not at once by every worker in a loop.
         keep_on_error = claimed is not None
@@ -284,7 +284,7 @@ class SessionRunner(TurnLeases):
                         with contextlib.suppress(StoreError):  # else kept in `_unreleased`
                             await self._release(session_id, owner, token)
                         state = await self._state(session_id)
-                        return self._result(state, outcomes, busy=runnable(state))
+                        return await self._driven_elsewhere(state, began, own, answered, outcomes)
                 else:
                     # One owner per drive, not per runtime: two tasks of this runtime must not
                     # share (and so steal) the session's lease.
@@ -295,10 +295,7 @@ class SessionRunner(TurnLeases):
                     if acquired is None:
                         state = await self._state(session_id)
                         # A cancel that started the message queued behind this drive's turn, say.
-                        ended = await ended_under(self.store, state, began, own, answered)
-                        if ended is not None:
-                            return self._result(ended, outcomes)
-                        return self._result(state, outcomes, busy=True)
+                        return await self._driven_elsewhere(state, began, own, answered, outcomes)
                     token = acquired
                 # The session's head when this lease was granted, if the store read it then.
                 # Checked against the event this runtime's cached state ends at (`_state_at`).
@@ -402,7 +399,7 @@ class SessionRunner(TurnLeases):
                 else:
                     state = await self._state(session_id)
                 if lost or (stopping is not None and stopping()):
-                    return self._result(state, outcomes, busy=runnable(state))
+                    return await self._driven_elsewhere(state, began, own, answered, outcomes)
                 if not runnable(state):
                     ended = await ended_under(self.store, state, began, own, answered)
                     return self._result(state if ended is None else ended, outcomes)
@@ -411,6 +408,34 @@ class SessionRunner(TurnLeases):
             if owner is not None:  # a pass whose lease could not be given back, say
                 self._let_go(session_id, owner)
             self._undrive(session_id)
+
+    async def _driven_elsewhere(
+        self,
+        state: SessionState,
+        began: TurnState | None,
+        own: str | None,
+        answered: Answered | None,
+        outcomes: Sequence[Outcome],
+        *,
+        retry: bool = False,
+    ) -> GenerateResult:
+        """What a call is told when another drive has the session's turn (it gave up waiting
+        for the lease, lost it, or left it): the turn it began or answered once that ended under
+        the other drive (`ended_under`), else the session's turn as it stands, `running` while
+        it has something to do."""
+        ended = await ended_under(self.store, state, began, own, answered)
+        if ended is not None:
+            return self._result(ended, outcomes)
+        return self._result(state, outcomes, busy=runnable(state, retry=retry))
+
+    async def _resuming(self, session_id: str) -> Answered | None:
+        """The turn a retry or resume (`generate` with no prompt) finds not over, which its call
+        is told once over rather than the next person's turn its drive goes on to, even when
+        another drive took it meanwhile (`ended_under`); None if the turn has ended."""
+        turn = (await self._state(session_id)).turn
+        if turn is None or turn_over(turn):  # a failed turn a retry can resume is not over
+            return None
+        return Answered(turn.id, turn.first_seq, turn.principal)
 
     async def _after_cancel(self, state: SessionState) -> GenerateResult:
         """What a cancel that left `state` returns. In inline mode the message that waited for
