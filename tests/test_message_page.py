@@ -126,3 +126,61 @@ async def test_a_forms_fault_on_a_mirror_is_refused_naming_the_mirror(
             assert sent.status_code == 403, (agent, fields, sent.text)
             assert sent.json()["error"] == {"code": "not_allowed", "message": said}, fields
         assert [await store_contents(rt.store, s) for s in (sid, child["session_id"])] == before
+
+
+def _not_bob(ctx: so.ResponseContext) -> so.Allowed | so.Rejected:
+    who = ctx.response.principal
+    return (
+        so.Rejected("bob approves no deploys")
+        if who and who.principal_id == "bob"
+        else so.Allowed()
+    )
+
+
+@so.tool(approval=so.ApprovalSpec(request=so.always(), response=_not_bob))
+async def _deploy(ref: str, count: int) -> str:
+    """Deploy a ref."""
+    return "deployed"
+
+
+async def test_an_edit_that_is_no_json_from_whom_the_policy_rejects_gets_its_verdict(
+    store_url: str,
+) -> None:
+    """Bob, whom the tool's response policy rejects, approving with an edit that is not JSON was
+    told the edit is not JSON (422 `invalid_answer`), where his wrong-typed edit (on the form or
+    over the API) gets the policy's verdict: `form_fault` checked only the rules a response
+    policy is not. Now he gets the verdict either way, as the runtime judges the bare decision
+    of an answer it cannot settle; Alice, whom it allows, is still told the edit's fault."""
+    call = so.ToolCall(name="_deploy", input={"ref": "v1", "count": 1})
+    model = so.models.Scripted([so.ModelResponse(tool_calls=[call])], repeat_last=True)
+    gate = so.Agent(name="gate", model=model, tools=[_deploy])
+    async with in_process(store_url, agents=[gate]) as (rt, c):
+        alice = {**auth("alice-token"), "Accept": "application/json"}
+        bob = {**auth("bob-token"), "Accept": "application/json"}
+        page = await c.get("/_signoff/", headers=bob)
+        match = re.search(r'name="csrf" value="([^"]+)"', page.text)
+        assert match, page.text[:300]
+        started = await c.post(
+            "/v1/sessions", json={"agent": "gate", "message": "go"}, headers=alice
+        )
+        assert started.status_code == 201, started.text
+        sid, rid = started.json()["session_id"], started.json()["pending"][0]["id"]
+        before = await store_contents(rt.store, sid)
+        said = []
+        for box in ('{"ref": "v1", "count": "many"}', "{oops"):
+            form = {"csrf": match.group(1), "option": "approve", "edited_input": box}
+            sent = await c.post(f"/_signoff/requests/{rid}/respond", data=form, headers=bob)
+            assert sent.status_code == 200, (box, sent.text)
+            said.append(sent.json())
+        assert said[0] == said[1], said
+        assert (said[1]["outcome"], said[1]["reason"]) == ("rejected", "bob approves no deploys")
+        html = {**auth("bob-token"), "Accept": "text/html"}
+        sent = await c.post(f"/_signoff/requests/{rid}/respond", data=form, headers=html)
+        assert sent.status_code == 409 and "bob approves no deploys" in sent.text, sent.text
+        alice_page = await c.get("/_signoff/", headers=alice)
+        alice_csrf = re.search(r'name="csrf" value="([^"]+)"', alice_page.text)
+        assert alice_csrf
+        form = {"csrf": alice_csrf.group(1), "option": "approve", "edited_input": "{oops"}
+        sent = await c.post(f"/_signoff/requests/{rid}/respond", data=form, headers=alice)
+        assert sent.status_code == 422 and sent.json()["error"]["code"] == "invalid_answer"
+        assert await store_contents(rt.store, sid) == before

@@ -6,12 +6,22 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import pytest
 
 import signoff as so
-from signoff.testing import ExecutionLog, call, call_tools, reply, scripted_agent, store_contents
+from signoff.server import TokenAuth, create_app
+from signoff.testing import (
+    ExecutionLog,
+    ManualClock,
+    call,
+    call_tools,
+    reply,
+    scripted_agent,
+    store_contents,
+)
 
-from .test_server_common import auth, in_process
+from .test_server_common import TOKENS, auth, in_process
 
 ALICE = so.Principal(authenticator="sso", principal_id="alice")
 CAROL = so.Principal(authenticator="sso", principal_id="carol")
@@ -263,3 +273,182 @@ async def test_a_mirror_left_behind_is_refused_naming_the_mirror(
         (words,) = {w for ws in said.values() for w in ws}  # one refusal, whatever the stage
         named = f"request {mirror.id} (asked for {mirror.child.agent}'s {mirror.child.request_id})"
         assert words.startswith(named) and "was asked by alice; carol may not" in words, words
+
+
+def one_deploy(log: ExecutionLog, approval: Any = None, ttl: float | None = None) -> so.Agent:
+    """Agent `ops`, whose turn asks to approve one deploy (`approval`, `so.always()` unless
+    given), in a session with `ttl` if given."""
+
+    @log.tool(approval=approval or so.always())
+    async def deploy(service: str) -> str:
+        """Deploy a service to production."""
+        return f"{service} live"
+
+    script = [call_tools(call("deploy", service="api")), reply("done")]
+    return scripted_agent("ops", script, tools=[deploy], limits=so.Limits(ttl=ttl))
+
+
+@pytest.mark.parametrize(
+    ("answers", "who"),
+    [
+        ([("known", "approve"), ("req_nope", "approve")], CAROL),
+        ([("req_nope", "approve"), ("known", "approve")], CAROL),
+        ([("known", "maybe"), ("req_nope", "approve")], ALICE),
+    ],
+    ids=["stranger-then-unknown", "unknown-then-stranger", "bad-option-then-unknown"],
+)
+async def test_an_unknown_id_beside_a_known_one_is_refused_first(
+    store_url: str, answers: list[tuple[str, str]], who: so.Principal
+) -> None:
+    """A batch naming an unknown request id beside one carol may not answer (or alice answers
+    with an option it lacks) was `NotAllowed` (`InvalidAnswer`): unknown ids were raised only
+    after every known answer was checked, against docs/server.md's order (404 first)."""
+    log = ExecutionLog()
+    async with so.Runtime([one_deploy(log)], store=store_url) as rt:
+        r = await rt.generate("ops", prompt="deploy", auth=ALICE)
+        rid = r.pending[0].id
+        batch = [
+            so.InputResponse(request_id=rid if i == "known" else i, option_id=o) for i, o in answers
+        ]
+        before = await store_contents(rt.store, r.session_id)
+        with pytest.raises(so.UnknownRequest) as refused:
+            await rt.respond(r.session_id, batch, principal=who)
+        assert refused.value.request_ids == ["req_nope"]
+        assert await store_contents(rt.store, r.session_id) == before
+        assert log.count() == 0
+
+
+async def test_an_unknown_id_beside_a_known_one_over_http_is_a_404(store_url: str) -> None:
+    """The same over HTTP: bob (alice's tenant, who may not answer her approval) got 403
+    `not_allowed`, and alice answering hers wrongly 422 `invalid_answer`, for a batch that
+    also names an unknown id; both now get 404 `unknown_request`."""
+    async with in_process(store_url) as (rt, c):
+        started = await c.post(
+            "/v1/sessions",
+            json={"agent": "support", "message": "Refund order 1042, it broke"},
+            headers=auth("alice-token"),
+        )
+        sid, rid = started.json()["session_id"], started.json()["pending"][0]["id"]
+        nope = {"requestId": "req_nope", "optionId": "approve"}
+        before = await store_contents(rt.store, sid)
+        for token, known in (
+            ("bob-token", {"requestId": rid, "optionId": "approve"}),
+            ("alice-token", {"requestId": rid, "optionId": "maybe"}),
+            ("alice-token", {"requestId": rid}),
+        ):
+            for body in ([known, nope], [nope, known]):
+                got = await c.post(
+                    f"/v1/sessions/{sid}/responses",
+                    json={"inputResponses": body},
+                    headers=auth(token),
+                )
+                assert got.status_code == 404, got.text
+                assert got.json()["error"]["code"] == "unknown_request"
+        decisions = {
+            "approvals": [{"id": rid, "approved": True}, {"id": "req_nope", "approved": True}]
+        }
+        got = await c.post(
+            f"/v1/sessions/{sid}/approvals", json=decisions, headers=auth("bob-token")
+        )
+        assert (got.status_code, got.json()["error"]["code"]) == (404, "unknown_request")
+        assert await store_contents(rt.store, sid) == before
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["expiry-recorded", "unrecorded"])
+async def test_a_stranger_is_refused_as_before_the_session_expired(
+    store_url: str, recorded: bool
+) -> None:
+    """Once the session's TTL passed, carol (who may not answer alice's approval) was told
+    `SessionExpired` naming the requests it closed, where before it (and after the request's
+    own deadline) she is `NotAllowed`: README's "refused as they would have been then", told
+    not whether or how it closed. Alice is still told the session expired."""
+    clock, log = ManualClock(), ExecutionLog()
+    async with so.Runtime([one_deploy(log, ttl=60)], store=store_url, clock=clock) as rt:
+        r = await rt.generate("ops", prompt="deploy", auth=ALICE)
+        answer = [so.InputResponse(request_id=r.pending[0].id, option_id="approve")]
+        with pytest.raises(so.NotAllowed) as before_ttl:
+            await rt.respond(r.session_id, answer, principal=CAROL)
+        clock.advance(120)
+        if recorded:
+            await rt.state(r.session_id)  # records the expiry
+        with pytest.raises(so.NotAllowed) as after_ttl:
+            await rt.respond(r.session_id, answer, principal=CAROL)
+        assert str(after_ttl.value) == str(before_ttl.value)
+        before = await store_contents(rt.store, r.session_id)
+        for resume in (True, False):
+            with pytest.raises(so.NotAllowed):
+                await rt.respond(r.session_id, answer, principal=CAROL, resume=resume)
+            with pytest.raises(so.UnknownRequest):
+                unknown = [so.InputResponse(request_id="req_nope", option_id="approve")]
+                await rt.respond(r.session_id, [*answer, *unknown], principal=CAROL)
+            with pytest.raises(so.SessionExpired):
+                await rt.respond(r.session_id, answer, principal=ALICE, resume=resume)
+        assert await store_contents(rt.store, r.session_id) == before
+        assert log.count() == 0
+
+
+async def test_a_stranger_over_http_is_a_403_once_the_session_expired(store_url: str) -> None:
+    """Over HTTP bob got 410 `session_expired` (naming the request ids its expiry closed) for
+    alice's approval once the TTL passed, where before it he got 403 `not_allowed`."""
+    clock, log = ManualClock(), ExecutionLog()
+    runtime = so.Runtime([one_deploy(log, ttl=60)], store=store_url, clock=clock)
+    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None, close_runtime=True)
+    transport = httpx.ASGITransport(app=app)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://t") as c,
+    ):
+        started = await c.post(
+            "/v1/sessions", json={"agent": "ops", "message": "deploy"}, headers=auth("alice-token")
+        )
+        sid, rid = started.json()["session_id"], started.json()["pending"][0]["id"]
+        body = {"inputResponses": [{"requestId": rid, "optionId": "approve"}]}
+        said = []
+        for _ in range(2):
+            got = await c.post(
+                f"/v1/sessions/{sid}/responses", json=body, headers=auth("bob-token")
+            )
+            said.append((got.status_code, got.json()["error"]))
+            clock.advance(120)
+        assert said[0] == said[1] and said[0][0] == 403, said
+        got = await c.post(f"/v1/sessions/{sid}/responses", json=body, headers=auth("alice-token"))
+        assert (got.status_code, got.json()["error"]["code"]) == (410, "session_expired")
+
+
+async def test_a_runtime_lacking_the_agent_refuses_unknown_ids_and_strangers_first(
+    store_url: str,
+) -> None:
+    """A runtime without the session's agent (a split deployment's other process) told carol,
+    who may not answer alice's approval, and an unknown request id, `UnknownAgent`: it is now
+    told after them, as `UnknownTool` is, so only alice hears of the deployment's fault. A
+    request a response policy decides is `NotAllowed` there, as README says of a runtime
+    without its tool."""
+
+    def anyone(ctx: so.ResponseContext) -> so.Allowed:
+        return so.Allowed()
+
+    log = ExecutionLog()
+    gated = so.ApprovalSpec(request=so.always(), response=anyone)
+    for approval in (so.always(), gated):
+        async with so.Runtime([one_deploy(log, approval)], store=store_url) as rt:
+            r = await rt.generate("ops", prompt="deploy", auth=ALICE)
+        rid = r.pending[0].id
+        async with so.Runtime([scripted_agent("other", [reply("hi")])], store=store_url) as rt2:
+            before = await store_contents(rt2.store, r.session_id)
+            for resume in (True, False):
+                unknown = [so.InputResponse(request_id="req_nope", option_id="approve")]
+                with pytest.raises(so.UnknownRequest):
+                    await rt2.respond(r.session_id, unknown, principal=ALICE, resume=resume)
+                for who, option in ((CAROL, "approve"), (CAROL, "maybe"), (ALICE, "approve")):
+                    answer = [so.InputResponse(request_id=rid, option_id=option)]
+                    if approval is gated:
+                        with pytest.raises(so.NotAllowed, match="runs agent 'ops'"):
+                            await rt2.respond(r.session_id, answer, principal=who, resume=resume)
+                    elif who is CAROL:
+                        with pytest.raises(so.NotAllowed, match="carol may not"):
+                            await rt2.respond(r.session_id, answer, principal=who, resume=resume)
+                    else:
+                        with pytest.raises(so.UnknownAgent):
+                            await rt2.respond(r.session_id, answer, principal=who, resume=resume)
+            assert await store_contents(rt2.store, r.session_id) == before
+    assert log.count() == 0

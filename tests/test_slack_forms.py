@@ -204,3 +204,43 @@ async def test_no_form_opens_for_a_request_whose_session_passed_its_ttl(
             assert form["view"]["blocks"][0]["text"]["text"] == why
         (update,) = fake.of("chat.update")
         assert update["text"].startswith("Expired: ")
+
+
+async def test_a_person_who_may_not_answer_is_told_so_once_the_session_passed_its_ttl(
+    tmp_path: Path, fake: FakeSlack
+) -> None:
+    """Alice's approval, its session past its TTL: a Slack user who could not have answered it
+    pressing Approve was told `Your answer was not accepted: session ... expired`, where Deny
+    (its form) told them they may not answer it. Both now say so, as while it was open."""
+
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    agent = scripted_agent(
+        "support",
+        [call_tools(call("issue_refund", order_id="1042")), reply("Done.")],
+        tools=[issue_refund],
+        limits=so.Limits(ttl=60),
+    )
+    clock = ManualClock()
+    store = f"sqlite:///{tmp_path / 's.db'}"
+    async with so.Runtime([agent], store=store, clock=clock) as rt:
+        (req,) = (await rt.generate("support", prompt="Refund 1042", auth=ALICE)).pending
+        slack = channel(fake)
+        async with manual(ChannelHub(rt, [slack], clock=clock)) as hub:
+            await hub.poll()
+            clock.advance(120)
+            for action, trigger in (
+                ("signoff.approve", "1.2.approve"),
+                ("signoff.deny", "1.2.deny"),
+            ):
+                press = {"action_id": action, "value": req.id, "type": "button"}
+                body = click(press, trigger=trigger)
+                assert await slack.handle(body, sign(body, int(time.time()))) is None
+                await slack.idle()
+        assert fake.of("views.open") == []
+        notes = [n["text"] for n in fake.of("chat.postEphemeral")]
+        assert len(notes) == 2 and notes[0] == notes[1], notes
+        assert notes[0].startswith("You may not answer this request: "), notes

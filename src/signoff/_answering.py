@@ -247,30 +247,25 @@ class Answering(EditChecks):
             )
         reviews: dict[str, Usage] = {}  # what reviewing each edit cost, tried again or not
         for _ in range(20):
-            state = await self._checked(session_id)
+            state = await self._checked_first(session_id, answers, principal)
             if await self._orphaned(state):
                 continue  # its requests are withdrawn now: the answers are refused below
-            # Its turn goes on only where its agent is: refused first, nothing stored (an answer
+            # In docs/server.md's order: an unknown id, then who may not answer any request.
+            known = await self._refuse_first(state, answers, principal)
+            # Its turn goes on only where its agent is: refused next, nothing stored (an answer
             # to a mirror too, settled in the subagent's session before its parent is driven).
             agent = self.agent(state.agent)
-            # And so only where its agent still has the delegate tool a mirror's call ran: told
-            # only to who may answer (others are refused below, as `not_allowed`), and not by an
-            # agent standing in for one the process lacks (the command line's), whose tools are
-            # not the real one's.
+            # And so only where its agent still has the delegate tool a mirror's call ran, not
+            # told by an agent standing in for one the process lacks (the command line's),
+            # whose tools are not the real one's.
             if not isinstance(agent.model, StandIn):
-                asked = [
-                    reply
-                    for reply in answers
-                    if (live := state.requests.get(reply.request_id)) is not None
-                    and await self._may_answer(live.request, principal)
-                ]
+                asked = [reply for reply in answers if reply.request_id in state.requests]
                 check_delegate_tools(state, delegate_tools(agent.tools), asked)
             if only_approvals:  # before routing: a mirror has the kind of the child's request
-                for reply in answers:  # told only to who may answer it: others are refused below
+                for reply in answers:
                     live = state.requests.get(reply.request_id)
                     if live is not None and live.request.kind != "tool-approval":
-                        if await self._may_answer(live.request, principal):
-                            check_decided(live.request)
+                        check_decided(live.request)
             went_to = _answered_turn(state, answers, principal)
             if _mirrors.routed(state, answers):  # mirrored from a subagent: settle it there
                 if turns is not None and went_to is not None and not check_only:
@@ -289,30 +284,16 @@ class Answering(EditChecks):
             outcomes: list[Outcome] = []
             specs: list[Any] = []
             resolves: list[Resolve] = []
-            unknown: list[str] = []
             gated: list[tuple[InputRequest, _Reply, dict[str, Any]]] = []
             settling: list[tuple[InputRequest, _Reply, dict[str, Any]]] = []
             edits: list[tuple[Tool, InputRequest, dict[str, Any], bool]] = []  # to review
             verdicts: dict[str, ResponseVerdict] = {}  # the response policy's, on edits
             turn_id = None
             refused_open = False  # an open request's answer its policy refused before its fault
-            for reply in answers:
+            for reply, request, status, resolution in known:
                 rid = reply.request_id
                 live = state.requests.get(rid)
-                if live is not None:
-                    request, status, resolution = live.request, live.status, live.resolution
-                else:
-                    # An id holding a lone surrogate names no request (no store can look it up),
-                    # and one a state holding every request of the session lacks names none.
-                    # Another session's is not read whole: its refusal costs a missing one's.
-                    looked_up = state.earlier_requests and is_utf8(rid)
-                    stored = await request_in(self.store, rid, session_id) if looked_up else None
-                    if stored is None:
-                        unknown.append(rid)
-                        continue
-                    request, status, resolution = stored.request, stored.status, stored.resolution
                 tool = agent.tools.get(request.tool_name or "")
-                await self._may_not_answer(request, status, tool, reply, principal)
                 if only_approvals:
                     check_decided(request)
                 try:
@@ -372,8 +353,6 @@ class Answering(EditChecks):
                 settling.append((request, reply, wanted))
                 outcomes.append(Outcome(request_id=rid, outcome=wanted["outcome"], applied=True))
                 turn_id = request.turn_id
-            if unknown:
-                raise UnknownRequest(session_id, unknown)
             if require_all and (settling or gated or refused_open):  # one only repeating: no-op
                 check_all_answered(state, ids)
             if check_only and not review:
@@ -480,6 +459,67 @@ class Answering(EditChecks):
                 "its log, but their rows in the store are not (or are gone)"
             )
 
+    async def _checked_first(
+        self, session_id: str, answers: Sequence[_Reply], principal: Principal | None
+    ) -> SessionState:
+        """`_checked`, whose `SessionExpired` (or `UnknownAgent`, a deadline this runtime
+        cannot record) comes only after the refusals that come first (`_refuse_first`): who
+        could not have answered is refused as before the TTL passed, not told it did."""
+        try:
+            return await self._checked(session_id)
+        except (SessionExpired, UnknownAgent):
+            await self._refuse_first(await self._state(session_id), answers, principal)
+            raise
+
+    async def _bare_verdict(
+        self, session_id: str, request_id: str, decision: str, principal: Principal | None
+    ) -> GenerateResult | None:
+        """What `respond` returns to an answer of `decision` whose edit could not be read (a
+        dashboard form's) if the response policy refuses it, judged on the decision alone as
+        `_settle` judges an unsound answer, after what is refused first; None if it would not
+        (the edit's fault is told). Records nothing but a passed deadline or TTL."""
+        reply = _Reply(request_id, decision, None, None, None, None)
+        with self._counts.refusing():
+            state = await self._checked_first(session_id, [reply], principal)
+            ((_, request, *_),) = await self._refuse_first(state, [reply], principal)
+            verdict = await self._policy_refusal(state, request, {"decision": decision}, principal)
+        if verdict is None:
+            return None
+        self._counts.answered([verdict])
+        return self._result(state, [verdict])
+
+    async def _refuse_first(
+        self, state: SessionState, answers: Sequence[_Reply], principal: Principal | None
+    ) -> list[tuple[_Reply, InputRequest, str, dict[str, Any] | None]]:
+        """Each answer with its request's status and resolution, once the refusals that come
+        before anything else are raised (docs/server.md's order): `UnknownRequest` naming every
+        id that is none of the session's, then `NotAllowed` for who may not answer one (by the
+        session's agent's rules if this runtime has it, else as a runtime without it judges)."""
+        known: list[tuple[_Reply, InputRequest, str, dict[str, Any] | None]] = []
+        unknown: list[str] = []
+        for reply in answers:
+            rid = reply.request_id
+            live = state.requests.get(rid)
+            if live is not None:
+                known.append((reply, live.request, live.status, live.resolution))
+                continue
+            # An id holding a lone surrogate names no request (no store can look it up), and
+            # one a state holding every request of the session lacks names none. Another
+            # session's is not read whole: its refusal costs a missing one's.
+            looked_up = state.earlier_requests and is_utf8(rid)
+            stored = await request_in(self.store, rid, state.id) if looked_up else None
+            if stored is None:
+                unknown.append(rid)
+            else:
+                known.append((reply, stored.request, stored.status, stored.resolution))
+        if unknown:
+            raise UnknownRequest(state.id, unknown)
+        agent = self.agents.get(state.agent)
+        for reply, request, status, _ in known:
+            tool = None if agent is None else agent.tools.get(request.tool_name or "")
+            await self._may_not_answer(request, status, tool, reply, principal, agent is not None)
+        return known
+
     async def _may_not_answer(
         self,
         request: InputRequest,
@@ -487,21 +527,24 @@ class Answering(EditChecks):
         tool: Tool | None,
         reply: _Reply,
         principal: Principal | None,
+        here: bool = True,
     ) -> None:
         """Raise `NotAllowed` if `principal` may not answer `request` (open, or closed: as they
         could not have answered it open), before anything is said of the answer `reply` (an edit
         of the wrong type, a stale input hash); a response policy decides once it sees it, or
-        (judging its decision alone) before that fault is told."""
-        if status != "pending":
-            refused = await refusal(self.agents, self.store, request, principal)
+        (judging its decision alone) before that fault is told. A mirror is judged on the
+        subagent's request it stands for; `here`: this runtime has the session's agent."""
+        decision = reply.option_id if reply.option_id in ("approve", "cancel") else None
+        if status != "pending" or request.child is not None:
+            opened = decision if status == "pending" else None
+            refused = await refusal(self.agents, self.store, request, principal, opened)
             if refused is not None:
                 raise refused
             return
         # A request recorded before requests carried the flag: the trail tells.
         recorded = await policy_recorded(self.store, request, tool)
-        check_policy_present(request, tool, recorded=recorded, here=True)
+        check_policy_present(request, tool, recorded=recorded, here=here)
         if is_gated(request, tool):
-            decision = reply.option_id if reply.option_id in ("approve", "cancel") else None
             check_quorum_eligibility(request, principal, decision)
         else:
             authorize(request, principal)

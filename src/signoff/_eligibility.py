@@ -25,12 +25,17 @@ __all__ = [
 
 
 async def refusal(
-    agents: Mapping[str, Agent], store: Store, request: InputRequest, principal: Principal | None
+    agents: Mapping[str, Agent],
+    store: Store,
+    request: InputRequest,
+    principal: Principal | None,
+    decision: str | None = None,
 ) -> NotAllowed | None:
     """Why `principal` may not answer `request` (`None` if they may, as far as can be told
     before answering: a response policy decides only once it sees the answer). A mirror is
     judged on the request an answer to it settles, the subagent's, under the subagent's tool,
-    and its refusal names the mirror as a refusal of an answer through it does."""
+    and its refusal names the mirror as a refusal of an answer through it does. `decision`:
+    the one an answer to an open request gives, which a four-eyes refusal names."""
     way = await deciding_way(store, request)
     request = way[-1]
     agent = agents.get(request.agent)
@@ -39,7 +44,7 @@ async def refusal(
         recorded = await policy_recorded(store, request, tool)
         check_policy_present(request, tool, recorded=recorded, here=agent is not None)
         if is_gated(request, tool):
-            check_quorum_eligibility(request, principal)  # the policy or quorum decides
+            check_quorum_eligibility(request, principal, decision)  # the policy or quorum decides
         else:
             authorize(request, principal)
     except NotAllowed as exc:

@@ -26,6 +26,7 @@ from .._exceptions import (
     UnknownSession,
 )
 from .._prompts import check_prompt
+from .._results import GenerateResult
 from .._text import NOTHING_SAID, is_blank
 from .._types import InputRequest, InputResponse, Principal
 from ..stores import PendingFilter
@@ -157,6 +158,7 @@ async def respond(request: Request, request_id: str) -> Response:
     session_id = stored.request.session_id
     edited: dict[str, Any] | None = None
     input_hash: str | None = None
+    judged: GenerateResult | None = None  # the policy's verdict on an edit that is no JSON
     action = stored.request.action
     if stored.request.kind != "tool-approval":
         if option is not None and text is not None:
@@ -173,23 +175,32 @@ async def respond(request: Request, request_id: str) -> Response:
             try:
                 edited = posted_edit(stored.request, raw)
             except InvalidAnswer as exc:
-                return await form_fault(request, stored.request, viewer, exc)
-    answer = InputResponse(
-        request_id=request_id,
-        option_id=option,
-        text=text,
-        edited_input=edited,
-        input_hash=input_hash,
-    )
-    try:
-        result = await ctx.runtime.respond(session_id, [answer], principal=viewer)
-    except SignoffError as exc:
-        message = public_message(exc)
-        if isinstance(exc, ConflictingAnswer):
-            # A stale page's other answer: who closed the request first, as a like one is told.
-            closed = await settled_as(ctx, request_id, viewer)
-            message = message if closed is None else f"{closed}: {message}"
-        return await refused(request, exc, message)
+                # The response policy's verdict on the bare decision comes before the edit's
+                # fault, as the runtime judges an answer it cannot settle (`_bare_verdict`).
+                try:
+                    judged = await ctx.runtime._bare_verdict(session_id, request_id, option, viewer)
+                except SignoffError as refusal:
+                    return await refused(request, refusal)
+                if judged is None:
+                    return await form_fault(request, stored.request, viewer, exc)
+    if judged is None:
+        answer = InputResponse(
+            request_id=request_id,
+            option_id=option,
+            text=text,
+            edited_input=edited,
+            input_hash=input_hash,
+        )
+        try:
+            judged = await ctx.runtime.respond(session_id, [answer], principal=viewer)
+        except SignoffError as exc:
+            message = public_message(exc)
+            if isinstance(exc, ConflictingAnswer):
+                # A stale page's other answer: who closed the request first, as a like one is.
+                closed = await settled_as(ctx, request_id, viewer)
+                message = message if closed is None else f"{closed}: {message}"
+            return await refused(request, exc, message)
+    result = judged
     mine = next((o for o in result.outcomes if o.request_id == request_id), None)
     outcome = None if mine is None else mine.outcome
     already = None
