@@ -75,6 +75,7 @@ LAYERS: list[set[str]] = [
     {"_candidate_ends"},
     {"_candidates"},
     {"_edit_checks"},
+    {"_answer_refusals"},
     {"_answering"},
     {"_message_results"},
     {"_messages"},
