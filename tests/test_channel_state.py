@@ -96,7 +96,10 @@ def test_calls_given_a_deadline_wait_for_the_state_only_until_it(tmp_path: Path)
         assert state._conn.execute("PRAGMA busy_timeout").fetchone() == (30000,)  # restored
         patient = threading.Thread(target=state.remember, args=("slack", "msg:r3", 3))
         patient.start()  # holds the state's lock while it waits for the file's
-        time.sleep(0.2)
+        held_by = time.monotonic() + 10  # a sleep of 0.2 s was not always enough under load
+        while not state._lock.locked() and time.monotonic() < held_by:
+            time.sleep(0.01)
+        assert state._lock.locked()
         with (
             waiting_until(time.monotonic() + 0.3),
             pytest.raises(so.StoreError, match=r"read a memo: busy past the deadline"),
