@@ -1,11 +1,13 @@
 """The browser tests' Chromium, driven by Playwright for Python, and their fixtures: a served
 dashboard, a page signed in as alice that fails on any content security policy report, and
-helpers that start and read sessions over the API.
+helpers that start and read sessions over the API, and a dashboard whose sessions expire by a
+clock the test moves (`expiring`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -13,13 +15,19 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
 
-from .test_server_common import PLAIN, auth, served
+import signoff as so
+from signoff.server import TokenAuth, create_app
+from signoff.testing import ManualClock
+
+from ._ttl import ttl_agent
+from .test_server_common import PLAIN, TOKENS, auth, running, served
 
 __all__ = [
     "base",
     "browser",
     "close_browser",
     "csp_violations",
+    "expiring",
     "page",
     "session",
     "settled",
@@ -152,3 +160,25 @@ def settled(p: Page, rid: str) -> None:
           .every((b) => !(performance.now() - Number(b.dataset.movedAt) < 800))""",
         arg=rid,
     )
+
+
+@contextmanager
+def expiring(browser: Browser, tmp_path: Path) -> Iterator[tuple[Page, ManualClock, str]]:
+    """A page signed in to a dashboard whose agent `desk` parks sessions that expire 60 s after
+    their last event, by a clock the test moves; no sweep, so only reads record an expiry."""
+    clock = ManualClock()
+    runtime = so.Runtime(
+        [ttl_agent()], store=f"sqlite:///{tmp_path}/ttl.db", clock=clock, poll_interval=0.05
+    )
+    with running(create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)) as url:
+        context = browser.new_context(base_url=url)
+        p = context.new_page()
+        p.set_default_timeout(10_000)
+        p.goto("/_signoff/login")
+        p.fill("input[name=token]", "alice-token")
+        p.click("button[type=submit]")
+        expect(p.locator("h1")).to_have_text("Approval queue")
+        try:
+            yield p, clock, url
+        finally:
+            context.close()

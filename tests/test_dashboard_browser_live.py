@@ -8,8 +8,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +16,10 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, Request, Route, expect
 
-import signoff as so
-from signoff.server import TokenAuth, _page_data, create_app
-from signoff.testing import ManualClock
+from signoff.server import _page_data
 
-from ._dashboard_browser import base, browser, page, start
-from ._ttl import ttl_agent
-from .test_server_common import PLAIN, TOKENS, auth, running
+from ._dashboard_browser import base, browser, expiring, page, start
+from .test_server_common import PLAIN, auth
 
 __all__ = ["base", "browser", "page"]  # the fixtures, used by name
 
@@ -98,28 +94,6 @@ def test_a_slow_read_of_the_queue_does_not_bring_an_answered_request_back(
     expect(page.get_by_text("All caught up")).to_be_visible()  # once
 
 
-@contextmanager
-def expiring(browser: Browser, tmp_path: Path) -> Iterator[tuple[Page, ManualClock, str]]:
-    """A page signed in to a dashboard whose agent `desk` parks sessions that expire 60 s after
-    their last event, by a clock the test moves; no sweep, so only reads record an expiry."""
-    clock = ManualClock()
-    runtime = so.Runtime(
-        [ttl_agent()], store=f"sqlite:///{tmp_path}/ttl.db", clock=clock, poll_interval=0.05
-    )
-    with running(create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)) as url:
-        context = browser.new_context(base_url=url)
-        p = context.new_page()
-        p.set_default_timeout(10_000)
-        p.goto("/_signoff/login")
-        p.fill("input[name=token]", "alice-token")
-        p.click("button[type=submit]")
-        expect(p.locator("h1")).to_have_text("Approval queue")
-        try:
-            yield p, clock, url
-        finally:
-            context.close()
-
-
 def test_a_session_page_open_when_its_session_expires_offers_no_answer(
     browser: Browser, tmp_path: Path
 ) -> None:
@@ -137,6 +111,9 @@ def test_a_session_page_open_when_its_session_expires_offers_no_answer(
         expect(card).to_have_count(0)
         expect(p.locator("[data-session-status]")).to_have_text("failed")
         expect(p.locator("#trace")).to_contain_text("session_expired")
+        # The message box goes too, as a reload shows: the session takes no more messages.
+        expect(p.locator("#send")).to_have_count(0)
+        expect(p.locator("#send-expired")).to_contain_text("Start a new conversation")
 
 
 def test_answering_a_request_whose_session_expired_offers_no_more_buttons(

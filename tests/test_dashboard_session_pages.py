@@ -163,14 +163,20 @@ async def test_an_expired_sessions_page_offers_no_message_box(tmp_path: Path) ->
         page = (await c.get(f"/_signoff/sessions/{sid}")).text
         assert 'id="send"' in page and "data-session-expired" not in page
         assert "<dt>Expires</dt>" in page and ">in a minute</time>" in page
+        # A live page redraws its message box from the fragment's `send`: a box with a token.
+        send = (await c.get(f"/_signoff/fragments/sessions/{sid}")).json()["send"]
+        assert 'id="send"' in send and 'name="form" value="' in send
         clock.advance(120)
         before = await store_contents(rt.store, sid)
         page = (await c.get(f"/_signoff/sessions/{sid}")).text
-        header = (await c.get(f"/_signoff/fragments/sessions/{sid}")).json()["header"]
+        fragment = (await c.get(f"/_signoff/fragments/sessions/{sid}")).json()
+        header, send = fragment["header"], fragment["send"]
         assert await store_contents(rt.store, sid) == before  # a read: nothing recorded
         assert 'id="send"' not in page and "/messages" not in page
-        assert "This session expired at" in page and "it takes no more messages" in page
-        assert 'href="/_signoff/new?agent=support">Start a new conversation</a>' in page
+        for shown in (page, send):
+            assert "This session expired at" in shown and "it takes no more messages" in shown
+            assert 'href="/_signoff/new?agent=support">Start a new conversation</a>' in shown
+        assert 'id="send"' not in send and 'id="send-expired"' in send
         for shown in (page, header):
             assert "data-session-status>idle<" in shown and "data-session-expired>expired<" in shown
             assert "<dt>Expired</dt>" in shown and ">a minute ago</time>" in shown

@@ -454,17 +454,21 @@ async def send_message(request: Request, session_id: str) -> Response:
 
 @router.get("/fragments/sessions/{session_id}")
 async def session_fragment(request: Request, session_id: str) -> Response:
-    """New trace rows after `?after=` plus the refreshed header and the page of open requests
-    `?page=` asks (the last, once fewer are open) with its pager, as JSON."""
+    """New trace rows after `?after=` plus the refreshed header, message box (or why there is
+    none) and the page of open requests `?page=` asks (the last, once fewer are open) with its
+    pager, as JSON."""
     raw = request.query_params.get("after", "0")
     after = query_number(raw, 0, 0, 2**53)
     context = await session_context(request, session_id, after)
     token = await csrf_token(request)
+    ctx = get_context(request)
+    now = ctx.runtime.now()
     common = {
         "prefix": DASHBOARD_PREFIX,
         "csrf": token,
         "path": f"{DASHBOARD_PREFIX}/sessions/{session_id}",  # where a card's form returns to
-        "now": get_context(request).runtime.now(),
+        "now": now,
+        "form": form_token(ctx.secret, context["viewer"], now),  # a message box drawn anew
         **context,
     }
     response = JSONText(
@@ -474,6 +478,7 @@ async def session_fragment(request: Request, session_id: str) -> Response:
             "rows": env.get_template("_trace_rows.html").render(**common),
             "header": env.get_template("_session_header.html").render(**common),
             "delete": env.get_template("_session_delete.html").render(**common),
+            "send": env.get_template("_session_send.html").render(**common),
             "pending": env.get_template("_queue_items.html").render(**common, compact=True),
             "pager": env.get_template("_pager.html").render(**common),
             "total": context["total"],

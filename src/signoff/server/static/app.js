@@ -410,6 +410,7 @@
   }
 
   // -- a session ------------------------------------------------------------------------------
+  let reread = null;  // a live session page's read of itself, for forms.js
   const sessionEl = document.querySelector("[data-live-session]");
   if (sessionEl) {
     const sid = sessionEl.dataset.liveSession;
@@ -426,18 +427,23 @@
         if (res.status === 404) { gone(); return; }
         if (await signedOut(res) || !res.ok) return;
         const data = await res.json();
-        if (data.seq <= seq) return;
+        // Read again with nothing new (a stream reopened, the TTL passed): the header and what
+        // is offered are drawn anew all the same, as a session's expiry records nothing.
+        if (data.seq < seq) return;
         seq = data.seq;
         const trace = document.getElementById("trace");
         const rows = fragment(data.rows);
         rows.querySelectorAll("li").forEach((li) => li.classList.add("new"));
         const status = () => (document.querySelector("[data-session-status]") || {}).textContent;
         const was = status();
+        const expired = () => Boolean(document.querySelector("[data-session-expired]"));
+        const wasExpired = expired();
         moved(false);
         trace.appendChild(rows);
         document.getElementById("session-header").innerHTML = data.header;
         moved(true);
         if (status() !== was) toast("The session is now " + status());  // read out, too
+        else if (expired() && !wasExpired) toast("The session expired");
         // Cancelling is offered while a turn runs or waits (for that turn), deleting once the
         // session is finished: redrawn only when what is offered changes, so a reason being
         // typed stays.
@@ -452,6 +458,17 @@
           drawn.replaceChildren(offer);
           moved(true);
         }
+        // The message box, or why there is none (the session expired): redrawn only when which
+        // of them it is changes, so a message being typed stays.
+        const box = document.getElementById("session-send");
+        const sendable = fragment(data.send || "");
+        const which = (root) => (root.firstElementChild || {}).id || "";
+        if (box && !box.hidden && which(sendable) !== which(box)) {
+          moved(false);
+          box.replaceChildren(sendable);
+          moved(true);
+        }
+        watchExpiry();
         mergeCards(document.getElementById("session-pending"), data.pending,
           (id) => prefix + "/requests/" + encodeURIComponent(id) + "/place?in=session");
         repage(fragment(data.pager).querySelector("[data-pager]"));
@@ -464,6 +481,7 @@
     // be sent any more.
     const gone = () => {
       clearTimeout(timer);
+      clearTimeout(expiry);
       if (dot) dot.classList.remove("on");
       reconnecting(false);
       if (document.getElementById("session-deleted")) return;
@@ -475,7 +493,7 @@
       back.href = prefix + "/sessions";
       back.textContent = "Back to Sessions";
       note.append("This session was deleted. ", back);
-      ["send", "session-delete"].forEach((id) => {
+      ["session-send", "session-delete"].forEach((id) => {
         const el = document.getElementById(id);
         if (el) el.hidden = true;
       });
@@ -486,6 +504,27 @@
     };
     const types = (sessionEl.dataset.eventTypes || "").split(" ").filter(Boolean);
     const soon = () => { clearTimeout(timer); timer = setTimeout(refresh, 60); };
+    // A session's TTL passing records nothing when no turn runs or waits (no event comes): the
+    // page is read again once the header's expiry has passed, by the server's clock, as
+    // ages.js reckons it, so it shows what a reload would (expired, no message box). A read
+    // that finds it not yet expired (the clocks a little apart) waits twice as long each time.
+    const served = Number(document.body.dataset.now);
+    const skew = Number.isFinite(served) ? served * 1000 - Date.now() : 0;
+    let expiry = null;
+    let early = 0;
+    function watchExpiry() {
+      clearTimeout(expiry);
+      const el = document.querySelector("#session-header [data-session-expires]");
+      if (!el || document.querySelector("#session-header [data-session-expired]")) return;
+      const left = Number(el.dataset.ts) * 1000 - (Date.now() + skew);
+      early = left > 0 ? 0 : early + 1;
+      const wait = Math.max(left, 0) + 500 * 2 ** Math.min(early, 7);
+      // A wait past setTimeout's longest (24.8 days) would fire at once: it is looked at again.
+      expiry = setTimeout(() => (Date.now() + skew < Number(el.dataset.ts) * 1000 ? watchExpiry() : soon()),
+        Math.min(wait, 2 ** 31 - 1));
+    }
+    watchExpiry();
+    reread = soon;
     // The store lost events this page shows (a crash, a restored copy) and may have written
     // others in their place: reading on after them would skip those, so the page is read anew.
     const ended = (end) => {
@@ -497,5 +536,5 @@
   }
 
   // What forms.js (loaded after this) says and does once a form is sent.
-  window.signoffPage = { toast, signInAgain, keepTyped, leave };
+  window.signoffPage = { toast, signInAgain, keepTyped, leave, reread };
 })();

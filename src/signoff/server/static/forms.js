@@ -4,7 +4,7 @@
 (function () {
   "use strict";
   const csrf = (document.querySelector('meta[name="csrf-token"]') || {}).content || "";
-  const { toast, signInAgain, keepTyped, leave } = window.signoffPage;
+  const { toast, signInAgain, keepTyped, leave, reread } = window.signoffPage;
 
   // The refusals that ask for a reload (a CSRF token of an older sign-in, a form token out of
   // date or not this viewer's, a form token spent on other content): what was typed outlives it.
@@ -58,47 +58,67 @@
     });
   }
 
-  // -- sending a message from a session page (the trace follows over SSE) ----------------------
-  const send = document.getElementById("send");
-  if (send) {
-    send.addEventListener("submit", async (ev) => {
-      ev.preventDefault();
-      const button = send.querySelector("button");
-      const error = send.querySelector(".form-error");
-      const note = send.querySelector(".form-note");
-      button.disabled = true;
-      error.hidden = true;
-      note.hidden = true;
-      try {
-        const res = await fetch(send.action, {
-          method: "POST", body: new FormData(send), credentials: "same-origin",
-          headers: { "Accept": "application/json", "X-CSRF-Token": csrf },
-        });
-        const data = await res.json().catch(() => ({ ok: false, error: { message: "Unexpected response (" + res.status + ")" } }));
-        if (res.status === 401) signInAgain(data.error && data.error.message || "you are no longer signed in");
-        keepIfReload(data);
-        if (!data.ok) throw new Error(data.error && data.error.message || "Sending failed");
-        send.querySelector("textarea").value = "";
-        // The form's token was spent on this message: the next one needs its own.
-        const once = send.querySelector("input[name=form]");
-        if (once && data.form) once.value = data.form;
-        if (data.queued) {
-          // Not the turn's person (or not now): the message starts the next turn, as its sender.
-          note.textContent = "Your message waits for the current turn to end; it then starts the next turn.";
-          note.hidden = false;
-        }
-      } catch (err) {
-        error.textContent = err.message;
-        error.hidden = false;
-      } finally {
-        button.disabled = false;
-        // Disabling the button dropped the keyboard's focus: the message box takes it.
-        if (!document.activeElement || document.activeElement === document.body) {
-          send.querySelector("textarea").focus();
-        }
-      }
-    });
+  // -- sending a message from a session page (the trace follows over SSE); the form may be
+  // drawn anew by a live update (app.js), so it is found by its id when sent -----------------
+  // Refused as expired (the page's live updates lost, or not yet come): the form gives way to
+  // the note a reload shows, and the page is read again (its header then says so).
+  function expiredNote(send) {
+    const note = document.createElement("p");
+    note.className = "card sub";
+    note.id = "send-expired";
+    note.tabIndex = -1;
+    note.setAttribute("role", "alert");
+    const link = document.createElement("a");
+    link.href = send.dataset.new;
+    link.textContent = "Start a new conversation";
+    note.append("This session expired: it takes no more messages (yours was not sent). ", link, ".");
+    send.replaceWith(note);
+    note.focus();
+    if (reread) reread();
   }
+  document.addEventListener("submit", async (ev) => {
+    const send = ev.target;
+    if (!(send instanceof HTMLFormElement) || send.id !== "send") return;
+    ev.preventDefault();
+    const button = send.querySelector("button");
+    const error = send.querySelector(".form-error");
+    const note = send.querySelector(".form-note");
+    button.disabled = true;
+    error.hidden = true;
+    note.hidden = true;
+    try {
+      const res = await fetch(send.action, {
+        method: "POST", body: new FormData(send), credentials: "same-origin",
+        headers: { "Accept": "application/json", "X-CSRF-Token": csrf },
+      });
+      const data = await res.json().catch(() => ({ ok: false, error: { message: "Unexpected response (" + res.status + ")" } }));
+      if (res.status === 401) signInAgain(data.error && data.error.message || "you are no longer signed in");
+      keepIfReload(data);
+      if (data.error && data.error.code === "session_expired" && send.dataset.new) {
+        expiredNote(send);
+        return;
+      }
+      if (!data.ok) throw new Error(data.error && data.error.message || "Sending failed");
+      send.querySelector("textarea").value = "";
+      // The form's token was spent on this message: the next one needs its own.
+      const once = send.querySelector("input[name=form]");
+      if (once && data.form) once.value = data.form;
+      if (data.queued) {
+        // Not the turn's person (or not now): the message starts the next turn, as its sender.
+        note.textContent = "Your message waits for the current turn to end; it then starts the next turn.";
+        note.hidden = false;
+      }
+    } catch (err) {
+      error.textContent = err.message;
+      error.hidden = false;
+    } finally {
+      button.disabled = false;
+      // Disabling the button dropped the keyboard's focus: the message box takes it.
+      if (send.isConnected && (!document.activeElement || document.activeElement === document.body)) {
+        send.querySelector("textarea").focus();
+      }
+    }
+  });
 
   // -- answering requests in place -------------------------------------------------------------
   document.addEventListener("submit", async (ev) => {
