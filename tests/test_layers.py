@@ -80,6 +80,7 @@ LAYERS: list[set[str]] = [
     {"_message_results"},
     {"_messages"},
     {"_sweeping", "_work_waits"},
+    {"_kept_outcomes"},
     {"_work"},
     {"_work_audit"},
     {"_wire", "_payloads", "_event_stream"},

@@ -4,22 +4,27 @@ approved tool having run once."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
 import subprocess
 import sys
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
 import signoff as so
+from signoff import _kept_outcomes
 from signoff.stores import FaultHook
 
 from ._disk_full import FAIL_INSERTS
 from ._procs import ROOT, read_executions
+from ._workers import until
 
 
 def _events(url: str, session_id: str) -> list[so.Event]:
@@ -261,3 +266,110 @@ async def test_a_new_sessions_lease_whose_release_failed_survives_the_keyed_retr
         resumed = await rt.generate(session_id=again.session_id)
         assert resumed.status == "waiting", resumed
         assert [r.action.tool_name for r in resumed.pending if r.action] == ["ship"]
+
+
+class _LostCommits:
+    """Fails the runtime's commits with a `StoreError` while `down` (a connection lost during
+    COMMIT, a `lock_timeout`): set as the refund's body ends, its outcome's commit is the first."""
+
+    def __init__(self, rt: so.Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.down = False
+        commit = rt.store.commit
+
+        async def failing(*args: Any, **kwargs: Any) -> Any:
+            if self.down:
+                raise so.StoreError("commit: connection lost during COMMIT; the outcome is unknown")
+            return await commit(*args, **kwargs)
+
+        monkeypatch.setattr(rt.store, "commit", failing)
+
+
+def _refunds(runs: list[str], lost: list[_LostCommits]) -> so.Agent:
+    """An agent whose one call refunds (no approval), its body's outcome refused by the store."""
+
+    @so.tool(approval=so.never())
+    async def refund(ctx: so.ToolContext, amount: int) -> dict[str, int]:
+        """Refund: a side effect."""
+        runs.append(ctx.idempotency_key())
+        lost[0].down = True
+        return {"refunded": amount}
+
+    model = so.models.Scripted(
+        [
+            so.ModelResponse(tool_calls=[so.ToolCall(id="c1", name="refund", input={"amount": 5})]),
+            so.ModelResponse(text="Done."),
+        ]
+    )
+    return so.Agent(name="a", model=model, tools=[refund])
+
+
+async def test_an_inline_drive_keeps_its_lease_while_a_tools_outcome_is_unrecorded(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store refused a tool's outcome to an inline drive (its call raises `StoreError`),
+    which kept the outcome in memory but gave the session's lease back: another process (a
+    second replica, a worker) resumed the turn and ran the refund a second time, though nothing
+    crashed. The drive keeps the lease, and records the outcome in the background once the
+    store takes it, then gives the lease back."""
+    runs: list[str] = []
+    lost: list[_LostCommits] = []
+    agent = _refunds(runs, lost)
+    async with (
+        so.Runtime([agent], store=store_url) as rt,
+        so.Runtime([agent], store=store_url, lease_wait=0.3) as other,
+        so.Runtime([agent], store=store_url, inline=False) as worker,
+    ):
+        lost.append(_LostCommits(rt, monkeypatch))
+        sid = await other.create_session("a")
+        with pytest.raises(so.StoreError, match="connection lost"):
+            await rt.generate("a", "refund me", session_id=sid)
+        # While the store refuses it: neither another process's resume nor a worker runs it.
+        resumed = await other.generate(session_id=sid)
+        assert runs == [f"{sid}:1:c1"], "another process ran the refund again"
+        assert resumed.status == "running", resumed
+        stop = asyncio.Event()
+        working = asyncio.create_task(worker.work(stop=stop, idle_wait=0.05))
+        await asyncio.sleep(0.5)
+        stop.set()
+        await working
+        assert runs == [f"{sid}:1:c1"]
+        lost[0].down = False  # the store takes commits again: the outcome kept is recorded
+        await until(lambda: _is(other, sid, "completed"))
+        done = await other.generate(session_id=sid)
+        assert (done.status, done.text) == ("completed", "Done."), done
+        assert not await other.store.lease_held(sid, other.now())  # type: ignore[attr-defined]
+        events = [e async for e in other.events(sid, follow=False)]
+    assert runs == [f"{sid}:1:c1"]
+    assert Counter(e.type for e in events)["tool.completed"] == 1
+
+
+async def test_a_runtime_closing_with_a_tools_outcome_unrecorded_tries_then_names_it(
+    store_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store refuses the outcome kept until the runtime closes: `close` tries to record it
+    for `RECORD_KEPT_WITHIN`, not for ever, then logs as an error the call whose outcome is
+    lost; till then no other process runs the tool again."""
+    monkeypatch.setattr(_kept_outcomes, "RECORD_KEPT_WITHIN", 0.5)
+    runs: list[str] = []
+    lost: list[_LostCommits] = []
+    agent = _refunds(runs, lost)
+    async with so.Runtime([agent], store=store_url, lease_wait=0.3) as other:
+        rt = so.Runtime([agent], store=store_url)
+        lost.append(_LostCommits(rt, monkeypatch))
+        sid = await other.create_session("a")
+        with pytest.raises(so.StoreError, match="connection lost"):
+            await rt.generate("a", "refund me", session_id=sid)
+        resumed = await other.generate(session_id=sid)
+        assert runs == [f"{sid}:1:c1"], "another process ran the refund again"
+        assert resumed.status == "running", resumed
+        await asyncio.wait_for(rt.close(), 10)
+        assert runs == [f"{sid}:1:c1"]
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any(
+        line.startswith(f"session {sid}: the outcome of refund call c1 ran but") for line in errors
+    ), errors
+
+
+async def _is(rt: so.Runtime, session_id: str, status: str) -> bool:
+    turn = (await rt.state(session_id)).turn
+    return turn is not None and turn.status == status

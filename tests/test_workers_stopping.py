@@ -15,7 +15,7 @@ import pytest
 from starlette.testclient import TestClient
 
 import signoff as so
-from signoff import _work
+from signoff import _kept_outcomes
 from signoff.server import create_app
 
 from ._worker_procs import AGENT, ALICE, Worker, make_agent, read_records
@@ -316,7 +316,7 @@ async def test_a_stopping_worker_that_cannot_record_an_outcome_names_it_and_fail
     logs as an error the session and call whose outcome is lost (the next drive runs the tool
     again), and `work()` fails with a `StoreError` naming them (`signoff worker` exits 1),
     not a return that reads as a clean stop."""
-    monkeypatch.setattr(_work, "RECORD_KEPT_WITHIN", 0.5, raising=False)
+    monkeypatch.setattr(_kept_outcomes, "RECORD_KEPT_WITHIN", 0.5)
     runs: list[str] = []
     hold = asyncio.Event()
     agent = refund_agent(runs, approval=so.never(), hold=hold)

@@ -14,7 +14,7 @@ from pydantic_core import PydanticSerializationError
 
 from ._child_sessions import with_spend
 from ._error_text import error_message, error_text, readable
-from ._exceptions import LeaseLost, StoreError, UnknownAgent, UnknownSession, UsageError
+from ._exceptions import StoreError, UnknownAgent, UnknownSession, UsageError, record_fenced
 from ._journal import CallJournal
 from ._recording import (
     DriverPart,
@@ -282,7 +282,7 @@ class CallEnds(DriverPart):
             await self.record(journal.ending(specs, requests, steered))
         except StoreError as exc:
             ran = f"call {journal.call_id}" if call is None else f"{call.tool_name} call {call.id}"
-            fenced = isinstance(exc, LeaseLost)
+            fenced = record_fenced(exc)  # left to the drive that goes on with the session
             self.unrecorded.keep(self.state.id, key, specs, ran, fenced=fenced)
             raise
 

@@ -18,7 +18,7 @@ from ._candidate_keys import closing_ends
 from ._counts import Counts
 from ._deadlines import records_expiry
 from ._events import Event, is_activity
-from ._exceptions import AppendConflict, LeaseLost, StoreError, wrote_nothing
+from ._exceptions import AppendConflict, LeaseLost, StoreError, history_lost, wrote_nothing
 from ._idempotency import sent_here
 from ._leasing import Held
 from ._model_step import ModelStep
@@ -489,8 +489,10 @@ def _went_back(session_id: str, head: int, before: int, again: bool = False) -> 
         if again
         else f"is at seq {head} in the store, behind the seq {before} this drive had recorded"
     )
-    return StoreError(
-        f"session {session_id!r} {where}: the store lost commits it had acknowledged (a "
-        "database server that crashed, or a restore); the drive stops, recording nothing, "
-        "and the session is driven again from what is stored"
+    return history_lost(
+        StoreError(
+            f"session {session_id!r} {where}: the store lost commits it had acknowledged (a "
+            "database server that crashed, or a restore); the drive stops, recording nothing, "
+            "and the session is driven again from what is stored"
+        )
     )

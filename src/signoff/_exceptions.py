@@ -526,6 +526,20 @@ def unwritten(exc: _E) -> _E:
     return exc
 
 
+def history_lost(exc: StoreError) -> StoreError:
+    """`exc`, marked as the refusal of a drive's commit by a store that lost commits the drive
+    had made (`record_fenced`)."""
+    vars(exc)["_history_lost"] = True
+    return exc
+
+
+def record_fenced(exc: BaseException) -> bool:
+    """Whether an outcome whose record `exc` refused is left to whichever drive goes on with
+    the session (`Unrecorded.keep`): this one's lease was lost, or the store lost commits it
+    had made (`history_lost`), so it cannot keep the session from running the call again."""
+    return isinstance(exc, LeaseLost) or vars(exc).get("_history_lost") is True
+
+
 def wrote_nothing(exc: BaseException) -> bool:
     """Whether the store call that raised `exc` certainly wrote nothing: refused as busy
     (`StoreBusy`), given up waiting for a lock or connection, or cancelled while it waited for a

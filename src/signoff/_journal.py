@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from ._ask import echoes_answers
 from ._events import Event
-from ._exceptions import LeaseLost, SignoffError, StoreError, TooLarge, UsageError
+from ._exceptions import SignoffError, StoreError, TooLarge, UsageError, record_fenced
 from ._recording import (
     Batch,
     EventSpec,
@@ -348,7 +348,7 @@ class CallJournal:
             await self._record([("tool.step", data)])
         except StoreError as exc:
             what = f"step {data['name']!r} of {data['tool_name']} call {data['call_id']}"
-            fenced = isinstance(exc, LeaseLost)
+            fenced = record_fenced(exc)
             self.driver.unrecorded.keep(
                 self.driver.state.id, held_key, [("tool.step", data)], what, fenced=fenced
             )

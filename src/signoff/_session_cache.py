@@ -179,6 +179,8 @@ class SessionCache(Leasing):
         # that failed (a later pass takes one of its own): what the worker gives back or takes.
         self._kept_on_error: dict[str, tuple[str, int]] = {}
         self._kept_lapsing: set[str] = set()  # of those, the ones given up as they lapsed
+        # Of those, an inline drive's, recording what it owes in the background (`_record_owed`).
+        self._recorders: dict[str, asyncio.Task[None]] = {}
         self._holders: dict[str, str] = {}  # see `Leasing._holders`
         self._giving_back: set[asyncio.Task[None]] = set()  # see `Leasing._giving_back`
         # Give-backs of the leases of claims a stopped worker did not wait for, which may
@@ -245,6 +247,7 @@ class SessionCache(Leasing):
         """`close` but for the sync bridge, which `close_sync` runs this on: leases the store
         refused to take back are given back, then the store is closed."""
         await self._stop_async_calls()
+        await self._record_before_close()
         await self._given_back()
         await self._stop_lease_check()
         for session_id, (owner, token) in list(self._unreleased.items()):
@@ -252,6 +255,9 @@ class SessionCache(Leasing):
                 await self._release(session_id, owner, token)
         await self.store.close()
         self._opened = False
+
+    async def _record_before_close(self) -> None:
+        """Record the outcomes inline drives kept, before the store closes (`KeptOutcomes`)."""
 
     async def _given_back(self) -> None:
         """Wait (up to `UNWIND`) for the give-backs of leases that answers settling past their

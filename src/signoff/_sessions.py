@@ -257,7 +257,8 @@ class SessionRunner(TurnLeases):
             # A worker runs it, or ran it on past the turn this call is told (`_driven_elsewhere`).
             return await self._driven_elsewhere(state, None, own, answered, outcomes, retry=retry)
         # A worker's drive that fails keeps its lease, for the worker to decide when the session
-        # may be claimed again (`Workers._work_on`), not at once by every worker in a loop.
+        # may be claimed again (`Workers._work_on`), not at once by every worker in a loop. An
+        # inline one keeps it only while it owes outcomes the store refused (`_record_owed`).
         keep_on_error = claimed is not None
         granted = getattr(self.store, "granted_head", None)
         began: TurnState | None = None  # the live turn the first pass found (`ended_under`)
@@ -382,7 +383,7 @@ class SessionRunner(TurnLeases):
                     elif cancelled or expired:
                         with contextlib.suppress(StoreError):  # kept in `_unreleased` for later
                             await self._release(session_id, owner, token)
-                    elif not (failed and keep_on_error):
+                    elif not (failed and (keep_on_error or self._unrecorded.of(session_id))):
                         await self._release(session_id, owner, token)
                     else:  # the worker's to give back, or to take again (`Workers._work_on`)
                         self._kept_on_error[session_id] = (owner, token)
@@ -390,6 +391,8 @@ class SessionRunner(TurnLeases):
                             self._kept_lapsing.add(session_id)
                         else:
                             self._kept_lapsing.discard(session_id)
+                        if not keep_on_error:  # an inline drive's: recorded in the background
+                            self._record_owed(session_id)
                     self._let_go(session_id, owner)
                 retry = False
                 if driver is not None and driver.released and not failed:
@@ -436,6 +439,11 @@ class SessionRunner(TurnLeases):
         if turn is None or turn_over(turn):  # a failed turn a retry can resume is not over
             return None
         return Answered(turn.id, turn.first_seq, turn.principal)
+
+    def _record_owed(self, session_id: str) -> None:
+        """Record, in the background, the outcomes the store refused to an inline drive of the
+        session, which kept its lease for that, so no other process runs those tools again
+        (`Workers` does, as a worker records its own). A bare runner leaves the lease to lapse."""
 
     async def _after_cancel(self, state: SessionState) -> GenerateResult:
         """What a cancel that left `state` returns. In inline mode the message that waited for

@@ -18,8 +18,8 @@ class Unrecorded:
     """Outcomes the store refused to record (a full disk, a database restarting), by key, each
     with its session: a later drive of the session in this process records them instead of
     running the body, and its side effects, again. Those still owed (not `fenced`) are lost
-    with the process: a worker keeps their sessions' leases and drives them until it recorded
-    them, also once stopping (`Workers.work`)."""
+    with the process: the drive keeps their session's lease and drives it again until they
+    are recorded (`KeptOutcomes`), a worker's also once stopping, an inline one's at `close`."""
 
     def __init__(self) -> None:
         # by key: (its session, what ran named for a log line, the events recording it, fenced)
@@ -29,8 +29,9 @@ class Unrecorded:
         self, session_id: str, key: str, specs: list[EventSpec], what: str, *, fenced: bool
     ) -> None:
         """Keep the events recording that `what` ran (`issue_refund call call_1`) in the
-        session. `fenced`: refused as the drive's lease was lost, its turn left to the process
-        that took it over, which runs the call again unless this one gets the session back."""
+        session. `fenced`: refused as the drive's lease was lost, or the store lost commits it
+        had made (`record_fenced`), its turn left to the process that goes on with it, which
+        runs the call again unless this one gets the session back."""
         self._kept.pop(key, None)  # the newest last: the oldest forgotten first
         while len(self._kept) >= UNRECORDED_KEPT:
             del self._kept[next(iter(self._kept))]

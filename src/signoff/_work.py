@@ -13,15 +13,14 @@ from ._call_guards import closes_stop
 from ._child_closes import parents_to_claims
 from ._exceptions import (
     SessionExpired,
-    StoreDamaged,
     StoreError,
     StoreGone,
     UnknownSession,
     UsageError,
 )
+from ._kept_outcomes import KeptOutcomes
 from ._leasing import lost_line
 from ._settings import seconds, whole
-from ._sweeping import Sweeps
 from ._turn_leases import to_claims
 from ._work_waits import Failing, Stopped, fit_pool, sleep_unless, unless_stopped
 from .stores import Store
@@ -33,17 +32,6 @@ log = logging.getLogger("signoff.worker")
 CLAIM_GAP = 0.02  # seconds a worker waits after a claim that found nothing before the next
 GIVE_BACK_AFTER = 0.5  # seconds a lease waits, after a second drive in a row the store failed
 RELEASE_RETRY = 0.5  # seconds: the longest wait between tries to give such a lease back
-KEPT_RETRY = 1.0  # seconds: the longest wait between tries to record an outcome kept
-
-RECORD_KEPT_WITHIN = 60.0
-"""Seconds a stopping worker keeps trying to record a session's tool outcomes that the store
-refused (the database restarting, a full disk), kept in memory (`Unrecorded`), before it gives
-them up as lost: it logs them as an error and fails (`signoff worker` exits 1). A second signal
-stops it at once. A running worker tries until it records them, however long the store is down,
-and gives up only this long after it is told to stop. It takes the session's lease again at each
-try, and claims it no more: no other worker runs them again while that lease is live. One that
-lapsed first (no renewal got through: a store frozen or hung past the TTL, not restarted)
-another worker may take first, running the calls again with the same idempotency keys."""
 
 
 class _GiveBacks:
@@ -91,7 +79,7 @@ class _GiveBacks:
             delay = min(delay * 2, RELEASE_RETRY)
 
 
-class Workers(Sweeps):
+class Workers(KeptOutcomes):
     """Runs any process's turns: claims sessions with work, drives them, sweeps deadlines."""
 
     @closes_stop
@@ -238,9 +226,9 @@ class Workers(Sweeps):
             # Leases of drives the store failed: given back now, once (`stop` ends their waits).
             await asyncio.gather(*give_backs.tasks, return_exceptions=True)
             # Outcomes the store refused before the stop, kept here: lost with the process.
-            await asyncio.gather(
-                *(self._record_kept(s, owner, unsaved) for s in self._unrecorded.sessions())
-            )
+            # (Those of inline drives here are recording already: `close` waits for them.)
+            owed = [s for s in self._unrecorded.sessions() if s not in self._recorders]
+            await asyncio.gather(*(self._record_kept(s, owner, unsaved) for s in owed))
         except BaseException:
             # Cancelled (a second Ctrl-C, a task's cancel) or broken: the turns it drives stop
             # with it, their leases given back, rather than run on unseen once it is gone.
@@ -434,147 +422,6 @@ class Workers(Sweeps):
                 session_id,
                 self.lease_ttl,
             )
-
-    async def _record_kept(
-        self,
-        session_id: str,
-        owner: str,
-        unsaved: list[str],
-        stopping: Callable[[], bool] = lambda: True,
-        *,
-        lapsed: bool = False,
-    ) -> None:
-        """Drive the session again until the store records the tool outcomes this runtime keeps
-        of it (`Unrecorded`: the drive records them instead of running the bodies), with
-        backoff, its lease held meanwhile: each try takes it again before the last lapses, and
-        this worker claims it no more, so no other worker runs those bodies again, unless the
-        lease lapsed first (`lapsed`: the drive gave it up, no renewal getting through): then
-        another worker may take the session first and run them again, as the log says. A
-        running worker tries until they are recorded; once `stopping()`, for
-        `RECORD_KEPT_WITHIN` seconds more. What it could not record is logged as an error and
-        named in `unsaved`."""
-        kept = self._unrecorded
-        ran = ", ".join(kept.of(session_id))
-        if not ran:
-            return
-        deadline: float | None = None
-        lapse = (
-            "; its lease lapsed (no renewal got through): another worker may take the session "
-            "first and run the call again, with the same idempotency key"
-        )
-        if stopping():
-            deadline = time.monotonic() + RECORD_KEPT_WITHIN
-            log.warning(
-                "session %s: the store refused the outcome of %s, which ran; recording it "
-                "before the worker stops (trying for %.0fs)%s",
-                session_id,
-                ran,
-                RECORD_KEPT_WITHIN,
-                lapse if lapsed else "",
-            )
-        else:
-            log.warning(
-                "session %s: the store refused the outcome of %s, which ran; the session is "
-                "driven again until the outcome is recorded%s",
-                session_id,
-                ran,
-                lapse if lapsed else ", its lease kept",
-            )
-        delay = 0.05
-        self._driving[session_id] += 1  # this worker's claims leave it to this loop
-        try:
-            while True:
-                token: int | None = None
-                # A try whose drive failed in a later pass left the lease under that pass's owner.
-                owner = self._kept_on_error.pop(session_id, (owner, 0))[0]
-                self._kept_lapsing.discard(session_id)
-                try:
-                    token = await self._try_acquire(session_id, owner)  # ours: taken again
-                    if token is None:  # another drive holds it: one here records them too
-                        why = "another drive holds the session's lease"
-                    else:
-                        with parents_to_claims():
-                            result = await self._drive(
-                                session_id, claimed=(owner, token), stopping=stopping
-                            )
-                        if not kept.of(session_id):
-                            log.info(
-                                "session %s: the outcome of %s recorded (not run again); %s",
-                                session_id,
-                                ran,
-                                result.status,
-                            )
-                            return
-                        # Recorded after all by the commit whose answer was lost, or the call
-                        # ended otherwise (its turn cancelled, the session taken over).
-                        log.warning(
-                            "session %s: the outcome kept of %s is not needed (the session went "
-                            "on past the call); %s",
-                            session_id,
-                            ", ".join(kept.forget(session_id)),
-                            result.status,
-                        )
-                        return
-                except (SessionExpired, UnknownSession) as exc:  # over: nothing runs it again
-                    kept.forget(session_id)
-                    log.warning("session %s: the outcome kept is not needed: %s", session_id, exc)
-                    return
-                except (StoreGone, StoreDamaged) as exc:  # only a restart (or a repair) mends it
-                    why = str(exc)
-                    break
-                except StoreError as exc:  # the database still down, say: tried again
-                    why = str(exc)
-                    if token is not None and not kept.of(session_id):
-                        # Recorded, then the store failed the turn after it: given back, as the
-                        # lease of any drive the store failed (else it lapses).
-                        log.warning(
-                            "session %s: the outcome of %s recorded (not run again); then the "
-                            "store failed the turn: %s",
-                            session_id,
-                            ran,
-                            exc,
-                        )
-                        with contextlib.suppress(StoreError):  # kept in `_unreleased` for later
-                            await self._release(session_id, owner, token)
-                        return
-                    log.debug("session %s: recording the outcome kept failed: %s", session_id, exc)
-                except Exception as exc:  # a bug: not retried
-                    why = f"{type(exc).__name__}: {exc}"
-                    break
-                finally:
-                    self._let_go(session_id, owner)
-                if not kept.of(session_id):  # recorded by that other drive here
-                    return
-                if deadline is None and stopping():
-                    deadline = time.monotonic() + RECORD_KEPT_WITHIN
-                    log.warning(
-                        "session %s: the worker is stopping; recording the outcome of %s is "
-                        "tried for %.0fs more",
-                        session_id,
-                        ran,
-                        RECORD_KEPT_WITHIN,
-                    )
-                if deadline is not None and time.monotonic() + delay >= deadline:
-                    break
-                await asyncio.sleep(delay)
-                # Each try takes the lease again: tried before it lapses, while the store works.
-                delay = min(delay * 2, KEPT_RETRY, self.lease_ttl / 3)
-        finally:
-            self._driving[session_id] -= 1
-            if not self._driving[session_id]:
-                del self._driving[session_id]
-        names = kept.forget(session_id)
-        if not names:  # recorded, then the turn failed otherwise
-            log.error("session %s: the outcome of %s recorded; then: %s", session_id, ran, why)
-            return
-        unsaved.extend(f"{name} in session {session_id}" for name in names)
-        log.error(
-            "session %s: the outcome of %s ran but could not be recorded (%s): lost, and run "
-            "again by the next drive of the session",
-            session_id,
-            ", ".join(names),
-            why,
-        )
 
 
 def _running() -> bool:
