@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, Page, Route, expect
 
 from ._dashboard_browser import browser, expiring
 from .test_server_common import PLAIN, auth
@@ -51,16 +51,17 @@ def expired_note(p: Page) -> None:
     )
 
 
-@pytest.mark.parametrize("stream", ["followed", "lost"])
+@pytest.mark.parametrize("stream", ["followed", "lost", "lost, one read failed"])
 def test_a_session_page_shows_the_expiry_that_nothing_recorded(
     browser: Browser, tmp_path: Path, stream: str
 ) -> None:
     """The TTL passes with the page open and no event: the stream's end says so (`followed`),
     or, its stream down, the page reads itself once the header's expiry has passed by the
-    server's clock (`lost`; the browser's fake clock moved on as the server's did)."""
+    server's clock (`lost`; the browser's fake clock moved on as the server's did), and again
+    later when that read failed (it looked no more: a review)."""
     with expiring(browser, tmp_path) as (p, clock, url):
         sid = ended_turn(url)
-        if stream == "lost":
+        if stream != "followed":
             p.route("**/v1/sessions/*/events*", lambda route: route.abort())
             p.clock.install()
         p.goto(f"/_signoff/sessions/{sid}")
@@ -69,9 +70,27 @@ def test_a_session_page_shows_the_expiry_that_nothing_recorded(
         header = p.locator("#session-header")
         expect(header).to_contain_text("in a minute")
         expect(p.locator("#send textarea")).to_be_visible()
+        failed: list[str] = []
+        if stream == "lost, one read failed":
+
+            def once(route: Route) -> None:
+                if failed:
+                    route.continue_()
+                else:
+                    failed.append(route.request.url)
+                    route.abort()
+
+            p.route("**/fragments/sessions/**", once)
         clock.advance(120)  # past the session's TTL (60 s)
-        if stream == "lost":
+        if stream != "followed":
             p.clock.fast_forward(121_000)
+        if stream == "lost, one read failed":
+            for _ in range(100):  # the read at the expiry, which fails
+                if failed:
+                    break
+                p.wait_for_timeout(100)
+            assert len(failed) == 1
+            p.clock.fast_forward(600_000)  # it looks again, later
         expired_note(p)
         expect(header.locator("[data-session-expired]")).to_have_text("expired")
         expect(header.locator("dl")).to_contain_text("Expired")

@@ -468,18 +468,24 @@
           box.replaceChildren(sendable);
           moved(true);
         }
-        watchExpiry();
         mergeCards(document.getElementById("session-pending"), data.pending,
           (id) => prefix + "/requests/" + encodeURIComponent(id) + "/place?in=session");
         repage(fragment(data.pager).querySelector("[data-pager]"));
         document.querySelectorAll("[data-pending-total]").forEach((el) => { el.textContent = data.total ? String(data.total) : ""; });
         if (data.more) { clearTimeout(timer); timer = setTimeout(refresh, 0); }
-      } finally { busy = false; }
+      } finally {
+        busy = false;
+        // Looked at again after every read, a failed one too (else the page would keep its
+        // message box until reloaded), unless the session was deleted.
+        if (!deleted) watchExpiry();
+      }
     };
     // Someone deleted the session while its page was open (its stream ended with
     // `unknown_session`, or its read is a 404): said once, at the page's top; nothing here can
     // be sent any more.
+    let deleted = false;
     const gone = () => {
+      deleted = true;
       clearTimeout(timer);
       clearTimeout(expiry);
       if (dot) dot.classList.remove("on");
