@@ -10,6 +10,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,7 @@ import pytest
 import signoff as so
 from signoff import _kept_outcomes
 from signoff.stores import FaultHook
+from signoff.testing import call, call_tools, reply, scripted_agent
 
 from ._disk_full import FAIL_INSERTS
 from ._procs import ROOT, read_executions
@@ -368,6 +370,63 @@ async def test_a_runtime_closing_with_a_tools_outcome_unrecorded_tries_then_name
     assert any(
         line.startswith(f"session {sid}: the outcome of refund call c1 ran but") for line in errors
     ), errors
+
+
+async def test_a_runtime_closing_once_the_outcome_kept_is_recorded_does_not_wait_for_the_turn(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The outcome kept was recorded, and the background drive went on with the turn into a
+    slow tool: `close` waited for the whole turn (up to `RECORD_KEPT_WITHIN`, 60 s), with the
+    store working. It stops that drive at once, as it stops a call (a review's repro)."""
+    down = [False]
+    runs: list[str] = []
+
+    @so.tool
+    async def refund(ctx: so.ToolContext, amount: int) -> dict[str, int]:
+        """Refund."""
+        runs.append(ctx.idempotency_key())
+        down[0] = True
+        return {"refunded": amount}
+
+    @so.tool
+    async def slow(ctx: so.ToolContext) -> str:
+        """Slow."""
+        await asyncio.sleep(30)
+        return "ok"
+
+    agent = scripted_agent(
+        "a",
+        [
+            call_tools(call("refund", call_id="c1", amount=5)),
+            call_tools(call("slow", call_id="c2")),
+            reply("Done."),
+        ],
+        tools=[refund, slow],
+    )
+    rt = so.Runtime([agent], store=store_url)
+    await rt.open()
+    commit = rt.store.commit
+
+    async def failing(*args: Any, **kwargs: Any) -> Any:
+        if down[0]:
+            raise so.StoreError("commit: connection lost during COMMIT; the outcome is unknown")
+        return await commit(*args, **kwargs)
+
+    monkeypatch.setattr(rt.store, "commit", failing)
+    sid = await rt.create_session("a")
+    with pytest.raises(so.StoreError, match="connection lost"):
+        await rt.generate("a", "refund me", session_id=sid)
+    down[0] = False
+    await until(lambda: _started(rt, sid, "slow"))
+    began = time.monotonic()
+    await asyncio.wait_for(rt.close(), 30)
+    assert time.monotonic() - began < 10  # not the slow tool's 30 s
+    assert runs == [f"{sid}:1:c1"]
+
+
+async def _started(rt: so.Runtime, session_id: str, tool: str) -> bool:
+    events = await rt.store.read_events(session_id, 0, limit=1000)
+    return any(e.type == "tool.started" and e.data.get("tool_name") == tool for e in events)
 
 
 async def _is(rt: so.Runtime, session_id: str, status: str) -> bool:

@@ -74,6 +74,10 @@ class KeptOutcomes(Sweeps):
                 with contextlib.suppress(StoreError):  # kept in `_unreleased` for later
                     await self._release(session_id, *kept)
 
+    def _owes(self, session_id: str, task: asyncio.Task[None]) -> bool:
+        """Whether a recorder still runs with outcomes of its session unrecorded."""
+        return not task.done() and bool(self._unrecorded.of(session_id))
+
     async def _record_before_close(self) -> None:
         """At `close`, while the store is open: the background recordings of outcomes inline
         drives kept (`_record_owed`) try for `RECORD_KEPT_WITHIN` seconds more, then give up,
@@ -85,7 +89,15 @@ class KeptOutcomes(Sweeps):
         mine = [t for t in recorders.values() if t.get_loop() is loop]
         late: set[asyncio.Task[None]] = set()
         if mine:  # each notices the close within a wait between tries, then gives up in time
-            _, late = await asyncio.wait(mine, timeout=RECORD_KEPT_WITHIN + 2 * KEPT_RETRY)
+            deadline = loop.time() + RECORD_KEPT_WITHIN + 2 * KEPT_RETRY
+            # Waited for only while it owes: one that recorded what it owed and went on with
+            # the turn (a model step, a slow tool) is stopped at once, as a call is.
+            while owing := [t for s, t in recorders.items() if t in mine and self._owes(s, t)]:
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
+                await asyncio.wait(owing, timeout=min(left, 0.05))
+            late = {t for t in mine if not t.done()}
         for task in recorders.values():
             if task in late:
                 task.cancel()
