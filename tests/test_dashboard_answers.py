@@ -22,9 +22,11 @@ from ._procs import query
 from .test_server_common import TOKENS, auth, running, served
 
 JSON = {"Accept": "application/json"}
-# httpx.get and .post with one TLS context, not one built per call (`PLAIN`)
-get = partial(httpx.get, verify=PLAIN)
-post = partial(httpx.post, verify=PLAIN)
+# httpx.get and .post with one TLS context, not one built per call (`PLAIN`), and the 10 s the
+# suite's other clients wait (httpx's 5 s was once too short for a deny that ran a turn, in a
+# full run beside other work)
+get = partial(httpx.get, verify=PLAIN, timeout=10)
+post = partial(httpx.post, verify=PLAIN, timeout=10)
 
 
 @pytest.fixture
