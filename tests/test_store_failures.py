@@ -345,6 +345,53 @@ async def test_an_inline_drive_keeps_its_lease_while_a_tools_outcome_is_unrecord
     assert Counter(e.type for e in events)["tool.completed"] == 1
 
 
+async def test_a_subagents_drive_keeps_its_lease_while_a_tools_outcome_is_unrecorded(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, through `so.delegate()`: the store refused the subagent's refund outcome, and
+    its parent's delegate call gave the child's lease back at once, then the parent's drive
+    its own: another process resumed the parent, drove the child and ran the refund again.
+    Both leases are kept while the outcome is recorded in the background; then the parent's
+    turn goes on."""
+    runs: list[str] = []
+    lost: list[_LostCommits] = []
+    child = _refunds(runs, lost)
+    parent = scripted_agent(
+        "p",
+        [call_tools(call("a", message="refund", call_id="d1")), reply("Delegated.")],
+        tools=[so.delegate("a")],
+    )
+    async with (
+        so.Runtime([parent, child], store=store_url) as rt,
+        so.Runtime([parent, child], store=store_url, lease_wait=0.3) as other,
+        so.Runtime([parent, child], store=store_url, inline=False) as worker,
+    ):
+        lost.append(_LostCommits(rt, monkeypatch))
+        sid = await other.create_session("p")
+        with pytest.raises(so.StoreError, match="connection lost"):
+            await rt.generate("p", "refund me", session_id=sid)
+        assert len(runs) == 1
+        resumed = await asyncio.wait_for(other.generate(session_id=sid), 10)
+        assert len(runs) == 1, "another process ran the subagent's refund again"
+        assert resumed.status == "running", resumed
+        stop = asyncio.Event()
+        working = asyncio.create_task(worker.work(stop=stop, idle_wait=0.05))
+        await asyncio.sleep(0.5)
+        stop.set()
+        await working
+        assert len(runs) == 1
+        lost[0].down = False  # the store takes commits again: recorded, and the parent goes on
+        await until(lambda: _is(other, sid, "completed"))
+        done = await other.generate(session_id=sid)
+        assert (done.status, done.text) == ("completed", "Delegated."), done
+        assert not await other.store.lease_held(sid, other.now())  # type: ignore[attr-defined]
+        kid = runs[0].rsplit(":", 2)[0]
+        assert not await other.store.lease_held(kid, other.now())  # type: ignore[attr-defined]
+        events = [e async for e in other.events(kid, follow=False)]
+    assert Counter(e.type for e in events)["tool.completed"] == 1
+    assert len(runs) == 1
+
+
 async def test_a_runtime_closing_with_a_tools_outcome_unrecorded_tries_then_names_it(
     store_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -369,6 +416,41 @@ async def test_a_runtime_closing_with_a_tools_outcome_unrecorded_tries_then_name
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert any(
         line.startswith(f"session {sid}: the outcome of refund call c1 ran but") for line in errors
+    ), errors
+
+
+async def test_a_runtime_closing_with_a_subagents_outcome_unrecorded_tries_then_names_it(
+    store_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store refuses the subagent's outcome kept until the runtime closes: `close` returns
+    within the bound, naming the call lost, and gives both leases back (its parent's drive,
+    waiting on the subagent's recording, begins no drive at the close)."""
+    monkeypatch.setattr(_kept_outcomes, "RECORD_KEPT_WITHIN", 0.5)
+    runs: list[str] = []
+    lost: list[_LostCommits] = []
+    child = _refunds(runs, lost)
+    parent = scripted_agent(
+        "p",
+        [call_tools(call("a", message="refund", call_id="d1")), reply("Delegated.")],
+        tools=[so.delegate("a")],
+    )
+    async with so.Runtime([parent, child], store=store_url, lease_wait=0.3) as other:
+        rt = so.Runtime([parent, child], store=store_url)
+        lost.append(_LostCommits(rt, monkeypatch))
+        sid = await other.create_session("p")
+        with pytest.raises(so.StoreError, match="connection lost"):
+            await rt.generate("p", "refund me", session_id=sid)
+        resumed = await asyncio.wait_for(other.generate(session_id=sid), 10)
+        assert len(runs) == 1, "another process ran the subagent's refund again"
+        assert resumed.status == "running", resumed
+        await asyncio.wait_for(rt.close(), 10)
+        assert len(runs) == 1
+        kid = runs[0].rsplit(":", 2)[0]
+        for session in (sid, kid):
+            assert not await other.store.lease_held(session, other.now())  # type: ignore[attr-defined]
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any(
+        line.startswith(f"session {kid}: the outcome of refund call c1 ran but") for line in errors
     ), errors
 
 

@@ -38,11 +38,15 @@ runtime's `close` gives the outcomes its inline drives kept as long (`_record_be
 class KeptOutcomes(Sweeps):
     """Records the outcomes kept in memory under the session's lease; `Workers` builds on it."""
 
-    def _record_owed(self, session_id: str) -> None:
+    def _record_owed(self, session_id: str, parent: str | None = None) -> None:
         """Record, in the background, the outcomes the store refused to an inline drive of the
         session, which kept its lease (`_kept_on_error`) for that: `_record_kept`, as a worker
         does, until `close` (`_record_before_close`). One recording them already takes that
-        lease at its next try. Its drive goes on with the turn, as the call's would have."""
+        lease at its next try. Its drive goes on with the turn, as the call's would have. A
+        subagent's `parent`, whose drive keeps its lease too, goes on once it is recorded
+        (`_after_below`)."""
+        if parent is not None:  # its parent's drive keeps its lease meanwhile (`_owed_below`)
+            self._owed_for[session_id] = parent
         running = self._recorders.get(session_id)
         if running is not None and not running.done():
             return
@@ -54,6 +58,7 @@ class KeptOutcomes(Sweeps):
         def done(task: asyncio.Task[None]) -> None:
             if self._recorders.get(session_id) is task:
                 del self._recorders[session_id]
+                self._owed_for.pop(session_id, None)
 
         task.add_done_callback(done)
 
@@ -61,8 +66,9 @@ class KeptOutcomes(Sweeps):
         """`_record_kept` for `_record_owed`; once nothing is owed but it was not recorded
         (given up at `close`, a bug), the lease its last try kept is given back, not left to
         lapse."""
-        lapsed = session_id in self._kept_lapsing
         try:
+            owner = await self._after_below(session_id, owner)
+            lapsed = session_id in self._kept_lapsing
             await self._record_kept(
                 session_id, owner, [], lambda: self._closing > 0, lapsed=lapsed, inline=True
             )
@@ -73,6 +79,33 @@ class KeptOutcomes(Sweeps):
                 self._kept_lapsing.discard(session_id)
                 with contextlib.suppress(StoreError):  # kept in `_unreleased` for later
                     await self._release(session_id, *kept)
+
+    async def _after_below(self, session_id: str, owner: str) -> str:
+        """For a drive that kept its lease while subagents it delegated to owe outcomes: once
+        their recordings end, go on with its turn under that lease, as its call would have.
+        Returns the owner the lease is kept under, if kept (a drive failing again)."""
+        while below := self._owed_below(session_id):
+            await asyncio.wait(below)
+            if self._closing:  # given up at `close`: its lease is given back, no drive begun
+                return owner
+            owner = self._kept_on_error.pop(session_id, (owner, 0))[0]
+            self._kept_lapsing.discard(session_id)
+            self._driving[session_id] += 1
+            try:
+                token = await self._try_acquire(session_id, owner)  # ours: taken again
+                if token is None:  # lapsed, and another drive took it
+                    return owner
+                await self._drive(session_id, claimed=(owner, token))
+            except StoreError as exc:  # kept if a subagent owes again (`_record_kept` else)
+                _inline_log.warning("session %s: the store failed the turn: %s", session_id, exc)
+            except Exception as exc:
+                _inline_log.warning("session %s: its turn did not go on: %s", session_id, exc)
+                return owner
+            finally:
+                self._let_go(session_id, owner)
+                self._undrive(session_id)
+            owner = self._kept_on_error.get(session_id, (owner, 0))[0]
+        return owner
 
     def _owes(self, session_id: str, task: asyncio.Task[None]) -> bool:
         """Whether a recorder still runs with outcomes of its session unrecorded."""

@@ -186,6 +186,13 @@ class RuntimeHost:
             try:
                 result = await rt._drive(child, claimed=(owner, token))
             except StoreError:
+                if child in rt._kept_on_error and rt._owes_any(child):
+                    # The store refused a tool's outcome, kept here: the child's lease is kept
+                    # while it is recorded in the background, so no other process runs it again
+                    # (and the parent's drive keeps its own: `_owed_below`).
+                    cached = rt._cache.get(child)
+                    rt._record_owed(child, None if cached is None else cached.parent)
+                    raise
                 # A worker's failed drive keeps its lease until it lapses; this one is given
                 # back (or kept to give back first here), so a retry of the parent need not
                 # wait it out: under the owner of the pass that failed, which kept it.

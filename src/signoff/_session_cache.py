@@ -181,6 +181,8 @@ class SessionCache(Leasing):
         self._kept_lapsing: set[str] = set()  # of those, the ones given up as they lapsed
         # Of those, an inline drive's, recording what it owes in the background (`_record_owed`).
         self._recorders: dict[str, asyncio.Task[None]] = {}
+        # Of those, a subagent's, by the parent whose drive delegated to it (`_owed_below`).
+        self._owed_for: dict[str, str] = {}
         self._holders: dict[str, str] = {}  # see `Leasing._holders`
         self._giving_back: set[asyncio.Task[None]] = set()  # see `Leasing._giving_back`
         # Give-backs of the leases of claims a stopped worker did not wait for, which may

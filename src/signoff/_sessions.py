@@ -383,7 +383,7 @@ class SessionRunner(TurnLeases):
                     elif cancelled or expired:
                         with contextlib.suppress(StoreError):  # kept in `_unreleased` for later
                             await self._release(session_id, owner, token)
-                    elif not (failed and (keep_on_error or self._unrecorded.of(session_id))):
+                    elif not (failed and (keep_on_error or self._owes_any(session_id))):
                         await self._release(session_id, owner, token)
                     else:  # the worker's to give back, or to take again (`Workers._work_on`)
                         self._kept_on_error[session_id] = (owner, token)
@@ -440,10 +440,26 @@ class SessionRunner(TurnLeases):
             return None
         return Answered(turn.id, turn.first_seq, turn.principal)
 
-    def _record_owed(self, session_id: str) -> None:
+    def _record_owed(self, session_id: str, parent: str | None = None) -> None:
         """Record, in the background, the outcomes the store refused to an inline drive of the
-        session, which kept its lease for that, so no other process runs those tools again
-        (`Workers` does, as a worker records its own). A bare runner leaves the lease to lapse."""
+        session (a subagent's, of `parent`), which kept its lease for that, so no other process
+        runs those tools again (`Workers` does, as a worker records its own). A bare runner
+        leaves the lease to lapse."""
+
+    def _owed_below(self, session_id: str) -> list[asyncio.Task[None]]:
+        """The background recordings still running of subagents the session's drive delegated
+        to (`_record_owed`): while they run, its lease is kept too, or another process would
+        resume its turn and drive the subagent, running the tool again."""
+        return [
+            task
+            for child, task in self._recorders.items()
+            if self._owed_for.get(child) == session_id and not task.done()
+        ]
+
+    def _owes_any(self, session_id: str) -> bool:
+        """Whether outcomes the store refused are kept here of the session or, still being
+        recorded, of a subagent its drive delegated to."""
+        return bool(self._unrecorded.of(session_id) or self._owed_below(session_id))
 
     async def _after_cancel(self, state: SessionState) -> GenerateResult:
         """What a cancel that left `state` returns. In inline mode the message that waited for
