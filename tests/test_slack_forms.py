@@ -166,17 +166,7 @@ async def test_no_form_opens_for_a_request_whose_session_passed_its_ttl(
     if slow:
         monkeypatch.setattr(clicks, "FORM_WAIT", 0.0)
 
-    @so.tool(approval=so.always())
-    async def issue_refund(order_id: str) -> str:
-        """Refund an order."""
-        return "refunded"
-
-    agent = scripted_agent(
-        "support",
-        [call_tools(call("issue_refund", order_id="1042")), reply("Done.")],
-        tools=[issue_refund],
-        limits=so.Limits(ttl=60),
-    )
+    agent = _expiring_refunds()
     clock = ManualClock()
     store = f"sqlite:///{tmp_path / 's.db'}"
     async with so.Runtime([agent], store=store, clock=clock) as rt:
@@ -213,17 +203,7 @@ async def test_a_person_who_may_not_answer_is_told_so_once_the_session_passed_it
     pressing Approve was told `Your answer was not accepted: session ... expired`, where Deny
     (its form) told them they may not answer it. Both now say so, as while it was open."""
 
-    @so.tool(approval=so.always())
-    async def issue_refund(order_id: str) -> str:
-        """Refund an order."""
-        return "refunded"
-
-    agent = scripted_agent(
-        "support",
-        [call_tools(call("issue_refund", order_id="1042")), reply("Done.")],
-        tools=[issue_refund],
-        limits=so.Limits(ttl=60),
-    )
+    agent = _expiring_refunds()
     clock = ManualClock()
     store = f"sqlite:///{tmp_path / 's.db'}"
     async with so.Runtime([agent], store=store, clock=clock) as rt:
@@ -244,3 +224,19 @@ async def test_a_person_who_may_not_answer_is_told_so_once_the_session_passed_it
         notes = [n["text"] for n in fake.of("chat.postEphemeral")]
         assert len(notes) == 2 and notes[0] == notes[1], notes
         assert notes[0].startswith("You may not answer this request: "), notes
+
+
+def _expiring_refunds() -> so.Agent:
+    """`support`, whose refunds need approval and whose sessions expire after 60 s."""
+
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    return scripted_agent(
+        "support",
+        [call_tools(call("issue_refund", order_id="1042")), reply("Done.")],
+        tools=[issue_refund],
+        limits=so.Limits(ttl=60),
+    )
