@@ -323,12 +323,9 @@ async def test_an_inline_drive_keeps_its_lease_while_a_tools_outcome_is_unrecord
     ):
         lost.append(_LostCommits(rt, monkeypatch))
         sid = await other.create_session("a")
-        with pytest.raises(so.StoreError, match="connection lost"):
-            await rt.generate("a", "refund me", session_id=sid)
         # While the store refuses it: neither another process's resume nor a worker runs it.
-        resumed = await other.generate(session_id=sid)
+        await _refused_then_resumed(rt, other, sid)
         assert runs == [f"{sid}:1:c1"], "another process ran the refund again"
-        assert resumed.status == "running", resumed
         stop = asyncio.Event()
         working = asyncio.create_task(worker.work(stop=stop, idle_wait=0.05))
         await asyncio.sleep(0.5)
@@ -368,12 +365,8 @@ async def test_a_subagents_drive_keeps_its_lease_while_a_tools_outcome_is_unreco
     ):
         lost.append(_LostCommits(rt, monkeypatch))
         sid = await other.create_session("p")
-        with pytest.raises(so.StoreError, match="connection lost"):
-            await rt.generate("p", "refund me", session_id=sid)
-        assert len(runs) == 1
-        resumed = await asyncio.wait_for(other.generate(session_id=sid), 10)
+        await _refused_then_resumed(rt, other, sid, before=lambda: len(runs) == 1)
         assert len(runs) == 1, "another process ran the subagent's refund again"
-        assert resumed.status == "running", resumed
         stop = asyncio.Event()
         working = asyncio.create_task(worker.work(stop=stop, idle_wait=0.05))
         await asyncio.sleep(0.5)
@@ -406,11 +399,8 @@ async def test_a_runtime_closing_with_a_tools_outcome_unrecorded_tries_then_name
         rt = so.Runtime([agent], store=store_url)
         lost.append(_LostCommits(rt, monkeypatch))
         sid = await other.create_session("a")
-        with pytest.raises(so.StoreError, match="connection lost"):
-            await rt.generate("a", "refund me", session_id=sid)
-        resumed = await other.generate(session_id=sid)
+        await _refused_then_resumed(rt, other, sid)
         assert runs == [f"{sid}:1:c1"], "another process ran the refund again"
-        assert resumed.status == "running", resumed
         await asyncio.wait_for(rt.close(), 10)
         assert runs == [f"{sid}:1:c1"]
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
@@ -438,11 +428,8 @@ async def test_a_runtime_closing_with_a_subagents_outcome_unrecorded_tries_then_
         rt = so.Runtime([parent, child], store=store_url)
         lost.append(_LostCommits(rt, monkeypatch))
         sid = await other.create_session("p")
-        with pytest.raises(so.StoreError, match="connection lost"):
-            await rt.generate("p", "refund me", session_id=sid)
-        resumed = await asyncio.wait_for(other.generate(session_id=sid), 10)
+        await _refused_then_resumed(rt, other, sid)
         assert len(runs) == 1, "another process ran the subagent's refund again"
-        assert resumed.status == "running", resumed
         await asyncio.wait_for(rt.close(), 10)
         assert len(runs) == 1
         kid = runs[0].rsplit(":", 2)[0]
@@ -509,6 +496,24 @@ async def test_a_runtime_closing_once_the_outcome_kept_is_recorded_does_not_wait
 async def _started(rt: so.Runtime, session_id: str, tool: str) -> bool:
     events = await rt.store.read_events(session_id, 0, limit=1000)
     return any(e.type == "tool.started" and e.data.get("tool_name") == tool for e in events)
+
+
+async def _refused_then_resumed(
+    rt: so.Runtime,
+    other: so.Runtime,
+    session_id: str,
+    before: Callable[[], bool] | None = None,
+) -> None:
+    """`rt` drives the session's first turn (`refund me`), whose refund's outcome the store
+    refuses (`StoreError`), `before` true by then if given; then `other`, another process,
+    resumes it and finds it still running (the lease kept)."""
+    agent = (await other.state(session_id)).agent
+    with pytest.raises(so.StoreError, match="connection lost"):
+        await rt.generate(agent, "refund me", session_id=session_id)
+    if before is not None:
+        assert before()
+    resumed = await asyncio.wait_for(other.generate(session_id=session_id), 10)
+    assert resumed.status == "running", resumed
 
 
 async def _is(rt: so.Runtime, session_id: str, status: str) -> bool:
