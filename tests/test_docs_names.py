@@ -349,10 +349,10 @@ def test_the_limits_and_waits_the_docs_quote_are_the_code_s() -> None:
     from signoff import (
         _answering,
         _candidates,
+        _closing,
         _idempotency,
         _leasing,
         _recording,
-        _session_cache,
         _subagents,
         _tool_context,
         _tool_json,
@@ -392,7 +392,7 @@ def test_the_limits_and_waits_the_docs_quote_are_the_code_s() -> None:
         (readme, "the policy's timeout and 5 s more", _candidates.RECOVERY_GRACE, 5),
         (readme, "once its measurement is a minute old", _leasing.CLOCK_CHECK_EVERY, 60),
         (readme, "tried again 10 s later", _leasing.CLOCK_RETRY, 10),
-        (readme, "waited for half a second as the worker exits", _session_cache.ANSWER_WAIT, 0.5),
+        (readme, "waited for half a second as the worker exits", _closing.ANSWER_WAIT, 0.5),
         (readme, "(every 5 s by default)", work.parameters["sweep_every"].default, 5),
         (
             readme,

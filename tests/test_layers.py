@@ -61,7 +61,7 @@ LAYERS: list[set[str]] = [
         "_key_commits",
     },
     {"_mirrors", "_leasing", "_creation", "_key_forms", "_dropped_keys"},
-    {"_child_closes"},
+    {"_child_closes", "_closing"},
     {"_child_sessions"},
     {"_child_drives", "_child_headroom"},
     {"_runtime_host"},

@@ -10,7 +10,7 @@ import time
 import pytest
 
 import signoff as so
-from signoff import _session_cache
+from signoff import _closing
 from signoff.testing import reply, scripted_agent
 
 from .conftest import make_store
@@ -90,7 +90,7 @@ async def test_close_sync_from_the_loop_a_turn_runs_on_stops_it_once_that_loop_i
         return reply("never")  # pragma: no cover
 
     # A call is given 30 s to unwind (not 5 s): waiting for this one would fail the bound by far.
-    monkeypatch.setattr(_session_cache, "UNWIND", 30.0)
+    monkeypatch.setattr(_closing, "UNWIND", 30.0)
     rt = so.Runtime([scripted_agent("a", [slow])], store=store_url, lease_ttl=600)
     turn = asyncio.create_task(rt.generate("a", "x"))
     await started.wait()

@@ -1,5 +1,5 @@
 """`SessionCache`: the runtime's store, settings and live state, and its in-process cache of
-session states, on which `SessionRunner` starts and drives turns.
+session states, on which `SessionRunner` starts and drives turns (how it closes: `_closing`).
 
 The in-process cache of session states is checked against the store's head, and the event it
 ends at, before every use (a commit planned on one checks that event too), so nothing is trusted
@@ -18,12 +18,13 @@ import threading
 import time
 import weakref
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, Self
 
 from ._agent import Agent, StandIn, by_name
-from ._any_loop import AnyLoopEvent, AnyLoopLock, blocked
+from ._any_loop import AnyLoopEvent, AnyLoopLock
 from ._audit_trail import record_tool_settings
+from ._closing import Closing
 from ._counts import Counts
 from ._deadlines import due_batch, expiry_resolves, expiry_specs, in_flight, state_after_expiry
 from ._engine import Driver
@@ -37,13 +38,13 @@ from ._exceptions import (
     UnknownSession,
     UsageError,
 )
-from ._leasing import LEASE_TTL_MAX, LEASE_TTL_MIN, Leasing
+from ._leasing import LEASE_TTL_MAX, LEASE_TTL_MIN
 from ._recording import Batch, EventSpec, load_state, new_id
 from ._results import GenerateResult, Outcome
 from ._settings import flag, seconds, whole
 from ._state import SessionState, fold
 from ._subagents import missing_targets, unpriced_delegates
-from ._sync import UNWIND, SyncBridge, checked_clock
+from ._sync import SyncBridge, checked_clock
 from ._text import is_utf8
 from ._tracing import DriveSpan, tracing_for
 from ._types import ModelResponse
@@ -54,10 +55,6 @@ from .stores import Store, open_store
 __all__ = ["SessionCache", "check_agent_name", "check_session_id"]
 
 log = logging.getLogger("signoff.runtime")
-
-ANSWER_WAIT = 0.5
-"""Seconds `close` waits for a claim a stopped worker left on its way, to give its leases back:
-one held up longer (a locked file, the server down) holds up no stop; its leases lapse."""
 
 _told: set[str] = set()
 """The problems with a runtime's agents this process has logged (`missing_targets`)."""
@@ -85,7 +82,7 @@ class _NotRun(StandIn):
         raise ModelError(f"this runtime does not run agent {self.agent!r}")
 
 
-class SessionCache(Leasing):
+class SessionCache(Closing):
     """Opens the store and loads sessions, cached and checked against the store's head, with
     their lapsed TTLs and passed deadlines applied; `SessionRunner` builds on it."""
 
@@ -221,93 +218,6 @@ class SessionCache(Leasing):
                 self._settings_warned = True
             return
         self._settings_due = False
-
-    async def close(self) -> None:
-        """Close the store; a later call opens it again. A call of this runtime still running
-        (a `*_sync` call in another thread, an async one on another task, a follower of
-        `events`) is stopped first: its lease given back, it raises `UsageError`; a follower
-        whose caller is busy with an event raises it at its next step."""
-        with self._closing_now():
-            self._sync.stop_calls()  # `*_sync` calls in other threads first: see `close_sync`
-            await self._close_store()
-            self._sync.close()
-
-    @contextlib.contextmanager
-    def _closing_now(self) -> Iterator[None]:
-        """Refuse the calls begun while a close is under way (`_entered`); once it has
-        returned, a call opens the store again."""
-        with self._per_session:
-            self._closing += 1
-            self._closes += 1
-        try:
-            yield
-        finally:
-            with self._per_session:
-                self._closing -= 1
-
-    async def _close_store(self) -> None:
-        """`close` but for the sync bridge, which `close_sync` runs this on: leases the store
-        refused to take back are given back, then the store is closed."""
-        await self._stop_async_calls()
-        await self._record_before_close()
-        await self._given_back()
-        await self._stop_lease_check()
-        for session_id, (owner, token) in list(self._unreleased.items()):
-            with contextlib.suppress(StoreError):  # else it lapses after its TTL
-                await self._release(session_id, owner, token)
-        await self.store.close()
-        self._opened = False
-
-    async def _record_before_close(self) -> None:
-        """Record the outcomes inline drives kept, before the store closes (`KeptOutcomes`)."""
-
-    async def _given_back(self) -> None:
-        """Wait (up to `UNWIND`) for the give-backs of leases that answers settling past their
-        call asked for (`_give_back_after`), and (up to `ANSWER_WAIT`) for those of claims a
-        stopped worker left on their way, while the store is still open; another loop's, and
-        those still waiting then, are cancelled, their leases left to lapse: none runs on a
-        closed store."""
-        loop = asyncio.get_running_loop()
-        for tasks, within in ((self._unanswered, ANSWER_WAIT), (self._giving_back, UNWIND)):
-            mine = [task for task in tasks if task.get_loop() is loop]
-            for task in tasks - set(mine):
-                with contextlib.suppress(RuntimeError):  # its loop closed: it runs no more
-                    task.get_loop().call_soon_threadsafe(task.cancel)
-            if mine:
-                _, late = await asyncio.wait(mine, timeout=within)
-                for task in late:
-                    task.cancel()
-                if late and tasks is self._unanswered:
-                    log.warning(
-                        "%d claim(s) of a stopped worker still unanswered at close: the sessions "
-                        "they took stay leased until their lease TTL passes",
-                        len(late),
-                    )
-
-    async def _stop_async_calls(self) -> None:
-        """Cancel this runtime's calls still running on other tasks (`closes_stop`), on any
-        loop, and wait (up to `UNWIND`) for them to unwind, giving their leases back, while the
-        store is still open. A loop blocked in the `*_sync` call closing it is not waited for:
-        its calls unwind once that call returns."""
-        here = asyncio.current_task()
-        with self._per_session:
-            calls = [t for t in self._calls if t is not here and not t.done()]
-            self._stopped.update(dict.fromkeys(calls, True))
-        loop = asyncio.get_running_loop()
-        awaited: list[asyncio.Task[Any]] = []  # this loop's, and other running loops'
-        for task in calls:
-            there = task.get_loop()
-            if there is loop:
-                task.cancel()
-                awaited.append(task)
-                continue
-            with contextlib.suppress(RuntimeError):  # a closed loop runs it no more
-                there.call_soon_threadsafe(task.cancel)
-                if there.is_running() and not blocked(there):
-                    awaited.append(task)
-        until = time.monotonic() + UNWIND
-        while any(not t.done() for t in awaited) and time.monotonic() < until:
-            await asyncio.sleep(0.005)  # polled: another loop's task cannot wake this one
 
     async def __aenter__(self) -> Self:
         try:
