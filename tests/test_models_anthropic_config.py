@@ -50,11 +50,55 @@ __all__ = ["fake"]  # the fixture, used by name
         ({"max_retries": 1.5}, "max_retries"),
         ({"timeout": float("nan")}, "timeout"),  # passed `<= 0`: no bound on the call
         ({"timeout": float("inf")}, "timeout"),
+        # the API refuses such thinking on every call: each turn failed, retried in vain
+        (
+            {"params": {"thinking": {"type": "enabled", "budget_tokens": 4000}}},
+            r"budget_tokens must be at least 1,024 and below max_tokens \(1,024\), not 4,000",
+        ),
+        (
+            {"max_tokens": 4096, "params": {"thinking": {"type": "enabled", "budget_tokens": 512}}},
+            r"budget_tokens must be at least 1,024 .* not 512",
+        ),
+        (  # `params` and its `extra_body` may set max_tokens too: the one sent counts
+            {
+                "max_tokens": 8000,
+                "params": {
+                    "max_tokens": 2000,
+                    "extra_body": {"thinking": {"type": "enabled", "budget_tokens": 2000}},
+                },
+            },
+            r"below max_tokens \(2,000\), not 2,000",
+        ),
+        (
+            {
+                "max_tokens": 8000,
+                "params": {
+                    "extra_body": {"max_tokens": 1500},
+                    "thinking": {"type": "enabled", "budget_tokens": 2048},
+                },
+            },
+            r"below max_tokens \(1,500\), not 2,048",
+        ),
+        ({"model": " claude-haiku-4-5"}, r"the model name ' claude-haiku-4-5' has blanks"),
     ],
 )
 def test_bad_arguments_are_usage_errors(kwargs, match) -> None:
     with pytest.raises(so.UsageError, match=match):
-        so.models.Anthropic("claude-haiku-4-5", api_key="x", **kwargs)
+        so.models.Anthropic(**{"model": "claude-haiku-4-5", "api_key": "x", **kwargs})
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"thinking": {"type": "enabled", "budget_tokens": 1024}},
+        {"thinking": {"type": "disabled", "budget_tokens": 9000}},
+        {"max_tokens": 9000, "thinking": {"type": "enabled", "budget_tokens": 8000}},
+        {"extra_body": {"thinking": {"type": "enabled", "budget_tokens": 4095}}},
+    ],
+)
+def test_thinking_within_max_tokens_is_taken(params) -> None:
+    model = so.models.Anthropic("claude-haiku-4-5", api_key="x", max_tokens=4096, params=params)
+    assert model.params == params
 
 
 async def test_a_missing_key_is_a_usage_error_unless_a_base_url_is_given(fake, monkeypatch) -> None:

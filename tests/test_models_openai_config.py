@@ -196,6 +196,15 @@ def test_from_env_picks_the_provider() -> None:
     assert isinstance(m, so.models.OpenAIChat) and m.model == "gpt-4o"
     m = pick(env={"OPENAI_BASE_URL": "http://127.0.0.1:11434/v1"})
     assert isinstance(m, so.models.OpenAIChat) and "11434" in repr(m)
+    # as a .env file may space it: the name sent had the blank, unknown to the provider
+    m = pick(env={"SIGNOFF_MODEL": "openai: gpt-4o ", "OPENAI_API_KEY": "k"})
+    assert isinstance(m, so.models.OpenAIChat) and m.model == "gpt-4o"
+    m = pick(env={"SIGNOFF_MODEL": "anthropic :  claude-haiku-4-5", "ANTHROPIC_API_KEY": "k"})
+    assert isinstance(m, so.models.Anthropic) and m.model == "claude-haiku-4-5"
+    with pytest.raises(so.UsageError, match="the model name 'gpt-4o ' has blanks around it"):
+        so.models.OpenAIChat("gpt-4o ", api_key="k")
+    with pytest.raises(so.UsageError, match="names no model"):
+        pick(env={"SIGNOFF_MODEL": "openai: "})
     with pytest.raises(so.UsageError, match="names no model"):
         pick(env={"SIGNOFF_MODEL": "openai:"})
     with pytest.raises(so.UsageError, match="no model configured"):

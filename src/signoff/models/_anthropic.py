@@ -16,7 +16,9 @@ from ._anthropic_replies import read_blocks as _read_blocks
 from ._anthropic_replies import sent_back as _sent_back
 from ._anthropic_replies import total as _total
 from ._anthropic_wire import (
+    LEAST_THINKING,
     REASONING,
+    check_thinking,
     last_turn_thinks,
     stand_in_tools,
     thinking_on,
@@ -57,9 +59,6 @@ _KEPT = ("text", "tool_use", *REASONING)
 # The stop reasons that cut a reply short, and those that mean an empty one is no answer.
 _CUT = ("max_tokens", "model_context_window_exceeded")
 _EARLY = (*_CUT, "tool_use", "pause_turn")
-
-# The least `budget_tokens` thinking takes.
-_LEAST_THINKING = 1024
 
 # How many times a turn the API paused (`pause_turn`: a long server-tool loop) is continued;
 # each continuation reads the whole conversation again.
@@ -123,6 +122,8 @@ class Anthropic(SdkModel):
         owner = f"Anthropic({model!r})"
         if not isinstance(model, str) or not model:
             raise UsageError(f"Anthropic needs a model name, not {model!r}")
+        if model != model.strip():  # every call would name a model the provider does not have
+            raise UsageError(f"Anthropic: the model name {model!r} has blanks around it")
         if client is not None and (base_url, api_key, env) != (None, None, None):
             raise UsageError(f"{owner}: pass either client= or base_url=/api_key=/env=, not both")
         if max_tokens is None:
@@ -140,6 +141,7 @@ class Anthropic(SdkModel):
         self.params = check_params(
             owner, params, {"model", "messages", "tools", "system", "stream"}, sdk_create, given
         )
+        check_thinking(owner, self.params, max_tokens)
         given = check_price(owner, price_per_mtok)
         self._price_given = given is not None
         self.price_per_mtok = given or lookup_price(model, ANTHROPIC_PRICES)
@@ -399,10 +401,10 @@ class Anthropic(SdkModel):
             budget = thinking.get("budget_tokens")
             if not isinstance(budget, int) or isinstance(budget, bool) or budget < cap:
                 continue
-            if cap - 1 < _LEAST_THINKING:
+            if cap - 1 < LEAST_THINKING:
                 raise BudgetSpent(
                     f"{self!r}: the {cap} output tokens the session's budgets leave cannot hold "
-                    f"thinking (budget_tokens of at least {_LEAST_THINKING:,}, below max_tokens)"
+                    f"thinking (budget_tokens of at least {LEAST_THINKING:,}, below max_tokens)"
                 )
             where["thinking"] = {**thinking, "budget_tokens": cap - 1}
 

@@ -5,13 +5,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .._exceptions import UsageError
 from .._types import AssistantMessage, ToolResultMessage
 from ._base import ToolSpec
 from ._ids import anthropic_id_fits, wire_ids
 from ._provider import encode_tool_result
 
 __all__ = [
+    "LEAST_THINKING",
     "REASONING",
+    "check_thinking",
     "last_turn_thinks",
     "stand_in_tools",
     "thinking_on",
@@ -21,6 +24,9 @@ __all__ = [
 
 # The reasoning blocks of a response and their fields, sent back as they came.
 REASONING = {"thinking": ("thinking", "signature"), "redacted_thinking": ("data",)}
+
+# The least `budget_tokens` thinking takes.
+LEAST_THINKING = 1024
 
 # What a stand-in for a tool the conversation used and the agent no longer has says of itself.
 _STAND_IN = "No longer available: this conversation used it earlier."
@@ -48,6 +54,30 @@ def stand_in_tools(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         {"name": name, "description": _STAND_IN, "input_schema": {"type": "object"}}
         for name in names
     ]
+
+
+def check_thinking(owner: str, params: Mapping[str, Any], max_tokens: int) -> None:
+    """Refuse a thinking `budget_tokens` the API refuses on every call (below 1,024, or not
+    below `max_tokens`, as `params` or its `extra_body` set it): else every turn fails, in vain."""
+    extra = params.get("extra_body")
+    extra = extra if isinstance(extra, Mapping) else {}
+    most = max_tokens
+    for where in (params, extra):  # `extra_body` is merged last into the body the SDK sends
+        given = where.get("max_tokens")
+        if isinstance(given, int) and not isinstance(given, bool):
+            most = given
+    for where in (params, extra):
+        thinking = where.get("thinking")
+        if not isinstance(thinking, Mapping) or thinking.get("type") == "disabled":
+            continue
+        budget = thinking.get("budget_tokens")
+        if not isinstance(budget, int) or isinstance(budget, bool):
+            continue
+        if not LEAST_THINKING <= budget < most:
+            raise UsageError(
+                f"{owner}: thinking's budget_tokens must be at least {LEAST_THINKING:,} and below "
+                f"max_tokens ({most:,}), not {budget:,}: the API refuses every call otherwise"
+            )
 
 
 def thinking_on(params: Mapping[str, Any]) -> bool:

@@ -49,6 +49,7 @@ def from_env(fallback: Model | None = None, *, env: Mapping[str, str] | None = N
     anthropic_key = partial(_key, "ANTHROPIC_API_KEY", env.get("ANTHROPIC_API_KEY"))
     if wanted:
         provider, _, name = wanted.partition(":")
+        provider, name = provider.strip(), name.strip()  # `openai: gpt-4o`, as a .env file has it
         if provider not in ("openai", "anthropic"):  # a bare name, maybe with a tag: qwen3:8b
             provider = "anthropic" if wanted.startswith("claude") else "openai"
             name = wanted

@@ -128,6 +128,8 @@ class OpenAIChat(SdkModel):
         owner = f"OpenAIChat({model!r})"
         if not isinstance(model, str) or not model:
             raise UsageError(f"OpenAIChat needs a model name, not {model!r}")
+        if model != model.strip():  # every call would name a model the provider does not have
+            raise UsageError(f"OpenAIChat: the model name {model!r} has blanks around it")
         if client is not None and (base_url, api_key, env) != (None, None, None):
             raise UsageError(f"{owner}: pass either client= or base_url=/api_key=/env=, not both")
         if temperature is not None and (
