@@ -17,6 +17,7 @@ from signoff._answers import (
     repeat,
     resolution,
 )
+from signoff.testing import call, call_tools, reply, scripted_agent, store_contents
 
 
 def question(**fields: Any) -> so.InputRequest:
@@ -183,3 +184,44 @@ async def test_a_principal_whose_attributes_are_not_plain_json_is_refused(store_
             assert await store_contents(rt.store, r.session_id) == before
         r = await rt.respond(r.session_id, [approve])
         assert r.status == "completed"
+
+
+@pytest.mark.parametrize("text", ["\ud800", "a\ud800b", "ok \udcff"])
+async def test_typed_text_with_a_lone_surrogate_is_said_to_be_no_unicode_text(
+    store_url: str, text: str
+) -> None:
+    """A free-text answer of one lone surrogate was refused as "the answer text is empty" (it
+    draws nothing) and one holding it amid text with a codec's words; `send` said the first
+    "says nothing" and the other "holds a lone surrogate". Each is now told it is not Unicode
+    text, by its usual error, before it is judged blank; nothing is recorded."""
+
+    @so.tool
+    async def ask(ctx: so.ToolContext) -> str:
+        """Ask anything."""
+        return str((await ctx.ask("Say?", options=["yes", "no"])).text)
+
+    agent = scripted_agent("a", [call_tools(call("ask")), reply("done")], tools=[ask])
+    said = "is not valid Unicode text: it holds a lone surrogate"
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("a", prompt="go")
+        sid, (asked,) = r.session_id, r.pending
+        before = await store_contents(rt.store, sid)
+        with pytest.raises(so.InvalidAnswer) as refused:
+            await rt.respond(sid, [so.InputResponse(request_id=asked.id, text=text)])
+        assert str(refused.value) == f"request {asked.id}: the answer text {said}"
+        with pytest.raises(so.UsageError) as told:
+            await rt.send(sid, text)
+        assert str(told.value) == f"the message {said}"
+        with pytest.raises(so.UsageError, match=f"^the prompt {said}$"):
+            await rt.generate(session_id=sid, prompt=text)
+        assert await store_contents(rt.store, sid) == before
+
+
+def test_a_reason_with_a_lone_surrogate_is_said_to_be_no_unicode_text() -> None:
+    """An approval's reason is held to the same words as a typed answer, not a codec's."""
+    approval = _request("tool-approval")
+    for text in ("\ud800", "fine \udfff"):
+        with pytest.raises(so.InvalidAnswer) as refused:
+            resolution(approval, Reply("req_1", "cancel", text))
+        said = "the reason is not valid Unicode text: it holds a lone surrogate"
+        assert str(refused.value) == f"request req_1: {said}"

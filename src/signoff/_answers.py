@@ -22,7 +22,7 @@ from ._exceptions import (
 )
 from ._option_names import how_to_choose, match_option, named_options
 from ._results import Outcome
-from ._text import is_blank
+from ._text import is_blank, is_utf8
 from ._tool_json import copied, key_not_text, nests_deeper
 from ._tools import Tool
 from ._types import Decision, InputRequest, InputResponse, Principal, same_json
@@ -116,7 +116,9 @@ def resolution(request: InputRequest, reply: Reply, tool: Tool | None = None) ->
                 [rid],
             )
         _check_hash(request, reply)
-        # Held to JSON as typed: a reason of one lone surrogate is blank to given_reason, not valid.
+        # Held to Unicode and JSON as typed: a reason of one lone surrogate is blank to
+        # given_reason, not valid.
+        _check_unicode(rid, reply.text, "the reason")
         _check_json(rid, {"reason": reply.text})
         edited = None
         if reply.edited_input is not None:
@@ -159,6 +161,7 @@ def resolution(request: InputRequest, reply: Reply, tool: Tool | None = None) ->
     elif reply.text is not None:
         if not request.allow_text:
             raise InvalidAnswer(f"request {rid} takes one of its options, not free text", [rid])
+        _check_unicode(rid, reply.text, "the answer text")  # invalid, not blank
         if is_blank(reply.text):  # whitespace, controls or invisible characters say nothing
             raise InvalidAnswer(f"request {rid}: the answer text is empty", [rid])
         answer = {"value": reply.text, "option_id": None, "text": reply.text}
@@ -169,6 +172,13 @@ def resolution(request: InputRequest, reply: Reply, tool: Tool | None = None) ->
     # text once: bounded by `MAX_TEXT_BYTES` as a message is, not at half of it.
     _check_json(rid, {**out, "answer": {**answer, "value": None}})
     return out
+
+
+def _check_unicode(rid: str, text: str | None, what: str) -> None:
+    """Refuse typed text that holds a lone surrogate, as `check_text` refuses it, before it is
+    judged blank or fails as JSON in other words."""
+    if text is not None and not is_utf8(text):
+        raise InvalidAnswer(f"request {rid}: {NOT_UNICODE.format(what=what)}", [rid])
 
 
 def _check_hash(request: InputRequest, reply: Reply) -> None:
@@ -186,6 +196,8 @@ def _check_hash(request: InputRequest, reply: Reply) -> None:
 MAX_PRINCIPAL_BYTES = 16 << 10
 """The largest principal (identity and attributes) as JSON: it is recorded on every event it
 signs, each turn it starts and each answer it gives."""
+NOT_UNICODE = "{what} is not valid Unicode text: it holds a lone surrogate"
+"""Why text holding a lone surrogate is refused; `what` names it."""
 MAX_TEXT_BYTES = 4 << 20
 """The most a person's text may take as UTF-8 (a prompt, a message, an answer with its reason):
 the HTTP server's default body limit, so Python and HTTP callers meet the same bound."""
@@ -197,7 +209,7 @@ def check_text(text: str, what: str) -> None:
     try:
         size = len(text.encode())
     except UnicodeEncodeError:
-        raise UsageError(f"{what} is not valid Unicode text: it holds a lone surrogate") from None
+        raise UsageError(NOT_UNICODE.format(what=what)) from None
     if size > MAX_TEXT_BYTES:
         raise TooLarge(f"{what} is {size} bytes, over the limit of {MAX_TEXT_BYTES} bytes")
 

@@ -106,9 +106,9 @@ class Messages(MessageResults):
         await self.open()
         if not isinstance(message, str):
             raise UsageError(f"send() needs a message: a string, not {type(message).__name__}")
+        _check_text(message, "the message")  # first: a lone surrogate is invalid, not blank
         if is_blank(message):
             raise UsageError(NOTHING_SAID.format(what="the message"))
-        _check_text(message, "the message")
         if turn_policy not in ("steer", "queue"):
             raise UsageError(f"turn_policy must be 'steer' or 'queue', not {turn_policy!r}")
         # `steer` keys as `generate` continuing a session does (and as keys did before the

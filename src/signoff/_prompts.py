@@ -20,9 +20,9 @@ def check_prompt(prompt: object) -> None:
     checked before anything (a session) is created."""
     if not isinstance(prompt, str):
         raise UsageError(f"prompt must be a string, not {type(prompt).__name__}")
+    check_text(prompt, "the prompt")  # first: a lone surrogate is invalid, not blank
     if is_blank(prompt):
         raise UsageError(NOTHING_SAID.format(what="the prompt"))
-    check_text(prompt, "the prompt")
 
 
 def next_turn(

@@ -212,12 +212,12 @@ def _said(message: str) -> str:
     """The task must say something (`is_blank`) and fit in a prompt (`check_text`): one that
     does not is refused before the child session is created, so the model is told and no
     session is left without a turn."""
-    if is_blank(message):
-        raise ValueError(NOTHING_SAID.format(what="the task"))
-    try:
+    try:  # first: a lone surrogate is invalid, not blank
         check_text(message, "the task")
     except SignoffError as exc:
         raise ValueError(str(exc)) from None
+    if is_blank(message):
+        raise ValueError(NOTHING_SAID.format(what="the task"))
     return message
 
 

@@ -33,7 +33,7 @@ from ..stores import PendingFilter
 from ._audit_rows import audit_row
 from ._auth import DASHBOARD_PREFIX
 from ._context import get_context
-from ._dashboard_edits import edit_recorded, posted_edit
+from ._dashboard_edits import edit_recorded, posted_edit, posted_object
 from ._errors import public_message
 from ._forms import Refusal, form_key, form_token
 from ._json_response import JSONText
@@ -157,9 +157,12 @@ async def respond(request: Request, request_id: str) -> Response:
         )
     session_id = stored.request.session_id
     edited: dict[str, Any] | None = None
-    input_hash: str | None = None
     judged: GenerateResult | None = None  # the policy's verdict on an edit that is no JSON
     action = stored.request.action
+    # The hash of the call the page showed, and the edit box: a question's or a session limit's
+    # form posts neither, but one sent goes to the runtime, which refuses it as the API does.
+    input_hash = fields.get("input_hash") or None
+    raw = (fields.get("edited_input") or "").strip()
     if stored.request.kind != "tool-approval":
         if option is not None and text is not None:
             # A choice (a menu's, or an option's button) sent with an answer typed beside it:
@@ -168,21 +171,24 @@ async def respond(request: Request, request_id: str) -> Response:
             return await form_fault(
                 request, stored.request, viewer, InvalidAnswer(said, [request_id])
             )
-    else:
-        input_hash = fields.get("input_hash") or None
-        raw = (fields.get("edited_input") or "").strip()
-        if option == "approve" and raw and action is not None:
+        if raw:
             try:
-                edited = posted_edit(stored.request, raw)
+                edited = posted_object(raw)  # any edit, the call as proposed too
             except InvalidAnswer as exc:
-                # The response policy's verdict on the bare decision comes before the edit's
-                # fault, as the runtime judges an answer it cannot settle (`_bare_verdict`).
-                try:
-                    judged = await ctx.runtime._bare_verdict(session_id, request_id, option, viewer)
-                except SignoffError as refusal:
-                    return await refused(request, refusal)
-                if judged is None:
-                    return await form_fault(request, stored.request, viewer, exc)
+                return await form_fault(request, stored.request, viewer, exc)
+    # An approval's Deny ignores the edit box, which a browser's Deny posts too.
+    elif option == "approve" and raw and action is not None:
+        try:
+            edited = posted_edit(stored.request, raw)
+        except InvalidAnswer as exc:
+            # The response policy's verdict on the bare decision comes before the edit's
+            # fault, as the runtime judges an answer it cannot settle (`_bare_verdict`).
+            try:
+                judged = await ctx.runtime._bare_verdict(session_id, request_id, option, viewer)
+            except SignoffError as refusal:
+                return await refused(request, refusal)
+            if judged is None:
+                return await form_fault(request, stored.request, viewer, exc)
     if judged is None:
         answer = InputResponse(
             request_id=request_id,

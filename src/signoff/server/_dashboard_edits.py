@@ -13,12 +13,18 @@ from .._types import InputRequest
 from ._context import ServerContext
 from ._json_body import RepeatedKey, unique_keys
 
-__all__ = ["edit_recorded", "posted_edit"]
+__all__ = ["edit_recorded", "posted_edit", "posted_object"]
 
 
 def posted_edit(request: InputRequest, raw: str) -> dict[str, Any] | None:
     """The arguments a reviewer typed, as one JSON object, or None if they are the call as
     proposed; `InvalidAnswer` if they are not a JSON object."""
+    parsed = posted_object(raw)
+    return None if as_proposed(request, parsed) else parsed
+
+
+def posted_object(raw: str) -> dict[str, Any]:
+    """An edit box's text as the one JSON object it must be; `InvalidAnswer` if it is not."""
     try:  # a key typed twice would silently mean its last value: refused
         parsed = json.loads(raw, object_pairs_hook=unique_keys)
     except RepeatedKey as exc:
@@ -29,7 +35,7 @@ def posted_edit(request: InputRequest, raw: str) -> dict[str, Any] | None:
         raise InvalidAnswer(f"the edited arguments are not JSON: {exc}") from None
     if not isinstance(parsed, dict):
         raise InvalidAnswer("the edited arguments must be a JSON object")
-    return None if as_proposed(request, parsed) else parsed
+    return parsed
 
 
 async def edit_recorded(ctx: ServerContext, request_id: str) -> bool:
