@@ -1,7 +1,7 @@
 """What the person who pressed a request's button is told: whether Deny's or free text's form
 (`views.open`) opened when Slack's answer does not say, that they may not answer (or that the
-request's session expired) before any form opens, and notes of any length, clipped to what Slack
-takes."""
+request's session, or one above it, expired) before any form opens, and notes of any length,
+clipped to what Slack takes."""
 
 from __future__ import annotations
 
@@ -226,8 +226,69 @@ async def test_a_person_who_may_not_answer_is_told_so_once_the_session_passed_it
         assert notes[0].startswith("You may not answer this request: "), notes
 
 
-def _expiring_refunds() -> so.Agent:
-    """`support`, whose refunds need approval and whose sessions expire after 60 s."""
+@pytest.mark.parametrize(
+    ("asked", "slow"), [("approval", False), ("approval", True), ("question", False)]
+)
+async def test_no_form_opens_for_a_subagents_request_once_its_parents_ttl_passed(
+    tmp_path: Path, fake: FakeSlack, monkeypatch: pytest.MonkeyPatch, asked: str, slow: bool
+) -> None:
+    """A subagent's request, its own session alive but its parent's past its TTL (with nobody
+    looking): that ended the delegated turn that asked it, so Deny's form (or a question's
+    "Answer in your own words") opened, and the reason or answer typed in it was refused
+    (`withdrawn`) and lost. As a press of Approve does, the press records it (the parent's
+    expiry, the request withdrawn) and the person is told at once, instead of a form; the
+    request's message shows it withdrawn. A check slower than `FORM_WAIT` (`slow`) turns the
+    form it let open into the reason."""
+    if slow:
+        monkeypatch.setattr(clicks, "FORM_WAIT", 0.0)
+    child = question_agent() if asked == "question" else _expiring_refunds(ttl=None)
+    parent = scripted_agent(
+        "desk",
+        [
+            call_tools(call(child.name, call_id="d1", message="Go on")),
+            reply("Done."),
+        ],
+        tools=[so.delegate(child.name)],
+        limits=so.Limits(ttl=60),
+    )
+    clock = ManualClock()
+    store = f"sqlite:///{tmp_path / 's.db'}"
+    async with so.Runtime([parent, child], store=store, clock=clock) as rt:
+        top = await rt.generate("desk", prompt="Handle it")
+        (mirror,) = top.pending
+        assert mirror.child is not None
+        rid = mirror.child.request_id
+        slack = channel(fake)
+        async with manual(ChannelHub(rt, [slack], clock=clock)) as hub:
+            await hub.poll()
+            assert len(fake.of("chat.postMessage")) == 1  # the subagent's request, not its mirror
+            clock.advance(61)
+            press = "signoff.text" if asked == "question" else "signoff.deny"
+            body = click({"action_id": press, "value": rid, "type": "button"})
+            assert await slack.handle(body, sign(body, int(time.time()))) is None
+            await slack.idle()
+            assert len(fake.of("views.open")) == (1 if slow else 0)
+            stored = await rt.store.get_request(rid)
+            assert stored is not None and stored.status == "withdrawn"
+            parents = await rt.store.get_request(mirror.id)
+            assert parents is not None and parents.status == "expired"
+            await hub.poll()
+        why = (
+            "This request can no longer be answered: "
+            f"request {rid} is withdrawn (cancelled); it takes no answers"
+        )
+        (note,) = fake.of("chat.postEphemeral")
+        assert note["text"] == why
+        if slow:
+            (form,) = fake.of("views.update")
+            assert "submit" not in form["view"]
+            assert form["view"]["blocks"][0]["text"]["text"] == why
+        (update,) = fake.of("chat.update")
+        assert update["text"].startswith("Withdrawn: "), update["text"]
+
+
+def _expiring_refunds(ttl: float | None = 60) -> so.Agent:
+    """`support`, whose refunds need approval and whose sessions expire after `ttl` seconds."""
 
     @so.tool(approval=so.always())
     async def issue_refund(order_id: str) -> str:
@@ -238,5 +299,5 @@ def _expiring_refunds() -> so.Agent:
         "support",
         [call_tools(call("issue_refund", order_id="1042")), reply("Done.")],
         tools=[issue_refund],
-        limits=so.Limits(ttl=60),
+        limits=so.Limits(ttl=ttl),
     )

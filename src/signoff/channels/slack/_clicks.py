@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from slack_sdk.errors import SlackApiError
 
+from ..._answers import closed_text
 from ..._eligibility import refusal
 from ..._exceptions import (
     AnswerError,
@@ -219,8 +220,8 @@ class Clicks:
 
     async def _open_form(self, click: Interaction, again: bool) -> None:
         """Open Deny's or free text's form for the person who pressed, or tell them why not
-        (the request closed, they may not answer it, its session passed its TTL, or a trigger
-        that expired, say after a restart: they press again).
+        (the request closed, they may not answer it, its session or one above it passed its
+        TTL, or a trigger that expired, say after a restart: they press again).
 
         Who pressed is checked first when that takes at most `FORM_WAIT` seconds (a mapping's
         `users.info` lookup cached, or quick); a slower lookup is finished after the form
@@ -288,28 +289,36 @@ class Clicks:
         return None if expired is None else (expired, True)
 
     async def _expiry(self, request: InputRequest) -> str | None:
-        """What the person is told if the session of open `request` passed its TTL, its expiry
-        recorded as an answer (Approve's) records it (`SessionExpired`), so no form opens whose
-        submission could only be refused; None while it lives, or while a live drive runs its
-        turn on past the TTL."""
+        """What the person is told if open `request` can no longer be answered because its
+        session passed its TTL, or one above it did (which ended the delegated turn that asked
+        it): recorded as an answer (Approve's) records it, its own expiry (`SessionExpired`) or
+        the request withdrawn (`_orphaned`), so no form opens whose submission could only be
+        refused; None while it lives, or while a live drive runs its turn on past the TTL."""
         rt = self.channel.runtime
         gone = f"Request {request.id} is no longer open."
         try:
             state = await rt._state(request.session_id)
+            if state.expired(rt.now()):
+                state = await rt._checked(request.session_id)  # records it, unless a drive runs on
+            if not await rt._orphaned(state):  # a TTL passed above it: the request withdrawn
+                return None
         except UnknownSession:  # deleted meanwhile
             return gone
-        if not state.expired(rt.now()):
-            return None
-        try:
-            await rt._checked(request.session_id)  # records it, unless a live drive runs on
-            return None
-        except UnknownSession:
-            return gone
         except SessionExpired as exc:
-            ended: SessionExpired | None = exc
+            return f"This request can no longer be answered: {exc}"
         except UnknownAgent:  # not this runtime's to record: told as a read sees it
             ended = await rt._ended(state, rt.now())
-        return None if ended is None else f"This request can no longer be answered: {ended}"
+            return None if ended is None else f"This request can no longer be answered: {ended}"
+        stored = await rt.store.get_request(request.id)
+        if stored is None:
+            return gone
+        if stored.status == "pending":  # not closed by it after all: the form may open
+            return None
+        resolution = stored.resolution or {}
+        closed = closed_text(
+            stored.request, stored.status, resolution.get("outcome"), resolution.get("on_timeout")
+        )
+        return f"This request can no longer be answered: {closed}"
 
     async def _open_view(
         self, click: Interaction, request: InputRequest, where: dict[str, str], again: bool
