@@ -5,6 +5,7 @@ clipped to what Slack takes."""
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -285,6 +286,44 @@ async def test_no_form_opens_for_a_subagents_request_once_its_parents_ttl_passed
             assert form["view"]["blocks"][0]["text"]["text"] == why
         (update,) = fake.of("chat.update")
         assert update["text"].startswith("Withdrawn: "), update["text"]
+
+
+async def test_a_note_whose_connection_dropped_leaves_the_rest_of_the_press_done(
+    tmp_path: Path,
+    fake: FakeSlack,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The press's note (its session passed its TTL) sent, and its connection dropped before
+    Slack answered (twice: slack_sdk sends it again once): `chat.postEphemeral` raised
+    aiohttp's `ServerDisconnectedError`, which the note let out (only Slack's refusals were
+    logged), and the press's work ended there, logged as failed, the form a slow check let
+    open left with its submit button. The note is logged as unanswered instead, and the form
+    still turned into the reason."""
+    monkeypatch.setattr(clicks, "FORM_WAIT", 0.0)
+    clock = ManualClock()
+    store = f"sqlite:///{tmp_path / 's.db'}"
+    async with so.Runtime([_expiring_refunds()], store=store, clock=clock) as rt:
+        (req,) = (await rt.generate("support", prompt="Refund 1042")).pending
+        slack = channel(fake)
+        async with manual(ChannelHub(rt, [slack], clock=clock)) as hub:
+            await hub.poll()
+            clock.advance(120)
+            fake.dropped["chat.postEphemeral"] = 2
+            body = click({"action_id": "signoff.deny", "value": req.id, "type": "button"})
+            with caplog.at_level(logging.WARNING, logger="signoff.channels"):
+                assert await slack.handle(body, sign(body, int(time.time()))) is None
+                await slack.idle()
+    assert len(fake.of("chat.postEphemeral")) == 2 and fake.dropped["chat.postEphemeral"] == 0
+    (form,) = fake.of("views.update")
+    assert "submit" not in form["view"]
+    assert form["view"]["blocks"][0]["text"]["text"].startswith(
+        "This request can no longer be answered: "
+    )
+    lines = [r.getMessage() for r in caplog.records]
+    assert not [line for line in lines if "failed" in line], lines
+    (line,) = [line for line in lines if "note" in line]
+    assert "went unanswered" in line and "ServerDisconnectedError" in line, line
 
 
 def _expiring_refunds(ttl: float | None = 60) -> so.Agent:

@@ -23,6 +23,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
+import aiohttp
 from slack_sdk.errors import SlackApiError
 from slack_sdk.signature import Clock, SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
@@ -512,8 +513,10 @@ class SlackChannel(Channel):
 
         A 429 (Slack took nothing) is sent again after its Retry-After, within `NOTE_TRIES`
         calls and `NOTE_WAIT` seconds, and never past the channel's close: a note is for now,
-        and its wait holds up the work that tells it. One Slack refuses is logged, not raised,
-        so the work (and its other notes) goes on."""
+        and its wait holds up the work that tells it. One Slack refuses, or whose call went
+        unanswered (its connection dropped, a timeout: not sent again, as Slack may have it),
+        is logged, not raised, so the work (its other notes, a form turned into the reason,
+        the message shown closed) goes on."""
         waited, tries = 0.0, 0
         while True:
             tries += 1
@@ -535,6 +538,16 @@ class SlackChannel(Channel):
                 if tries >= NOTE_TRIES or waited + wait > NOTE_WAIT or not await self._pause(wait):
                     break
                 waited += wait
+            except (aiohttp.ClientError, OSError) as exc:  # OSError: a timeout too
+                logger.warning(
+                    "slack: a note to %s in %s went unanswered, it may not have reached them "
+                    "(%r): %.200r",
+                    where["user"],
+                    where["channel"],
+                    exc,
+                    text,
+                )
+                return
         logger.warning(
             "slack: a note to %s in %s was not delivered (%s): %.200r",
             where["user"],
