@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from ._any_loop import AnyLoopEvent
 from ._ask import echoes_answers
 from ._events import Event
 from ._exceptions import SignoffError, StoreError, TooLarge, UsageError, record_fenced
@@ -74,17 +76,21 @@ class CallJournal:
         # so every ask of this run shows the same (a lazy input is validated again to take it).
         self._shown = shown
         self._shown_input: tuple[Any] | None = None
-        self.parked = asyncio.Event()
-        self.closed = asyncio.Event()  # the body ended: a stray branch may ask no more
+        # Events of any loop: a plain body may step and ask on a loop of its own, in its thread
+        # (`asyncio.run(ctx.ask(...))`), which an `asyncio.Event` set on the drive's loop never
+        # woke (nor the drive one set there until its loop next woke): it parked for ever.
+        self.parked = AnyLoopEvent()
+        self.closed = AnyLoopEvent()  # the body ended: a stray branch may ask no more
         self.stopped = False  # closed as the body parked (or its drive stopped), not at its end
+        self._counts = threading.Lock()  # `inflight` and `recording` change on either loop
         self.inflight = 0  # questions being opened and steps under way
-        self.quiet = asyncio.Event()  # set while nothing is in flight
+        self.quiet = AnyLoopEvent()  # set while nothing is in flight
         self.quiet.set()
         # Records of steps whose function ended (their effect ran), on their way to the store:
         # a drive stopped mid-body waits for these, not for a function still running.
         # A plain step's thread counts from its start: it cannot be cancelled, and runs on.
         self.recording = 0
-        self.recorded = asyncio.Event()
+        self.recorded = AnyLoopEvent()
         self.recorded.set()
         self.over = False  # its drive stopped and gave the lease back: nothing is recorded now
         # A record of the body's that the store refused, or a drive it could not make here (a
@@ -330,11 +336,12 @@ class CallJournal:
             self._on_way(-1)
 
     def _on_way(self, change: int) -> None:
-        self.recording += change
-        if self.recording:
-            self.recorded.clear()
-        else:
-            self.recorded.set()
+        with self._counts:
+            self.recording += change
+            if self.recording:
+                self.recorded.clear()
+            else:
+                self.recorded.set()
 
     def lost(self) -> bool:
         """Whether the drive's lease was lost (another process may run the call now)."""
@@ -386,11 +393,12 @@ class CallJournal:
         return self._shown_input[0]
 
     def _busy(self, change: int) -> None:
-        self.inflight += change
-        if self.inflight:
-            self.quiet.clear()
-        else:
-            self.quiet.set()
+        with self._counts:
+            self.inflight += change
+            if self.inflight:
+                self.quiet.clear()
+            else:
+                self.quiet.set()
 
     async def open_question(
         self, index: int, question: str, options: list[Option], allow_text: bool

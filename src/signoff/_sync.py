@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from ._any_loop import blocking, waited_by
+from ._any_loop import AnyLoopEvent, blocking, waited_by
 from ._error_text import readable
 from ._exceptions import UsageError
 
@@ -30,8 +30,10 @@ __all__ = [
     "failure",
     "in_thread",
     "is_async",
+    "outwaited",
     "thread_note",
     "thread_to_end",
+    "thread_unwound",
     "to_end",
     "twin",
 ]
@@ -321,6 +323,39 @@ async def thread_to_end(
                 raise
             cancelled = True
     return work, cancelled
+
+
+async def outwaited(task: asyncio.Future[Any], parked: AnyLoopEvent | None = None) -> bool:
+    """Wait for `task` to end, or `parked` (if given) to be set, whatever cancels the waiter
+    meanwhile (a lost lease may cancel `task` itself): whether the waiter was cancelled, which
+    its caller is to raise. A plain body that parked on a loop of its own ends only once told."""
+    cancelled = False
+    while not task.done() and not (parked is not None and parked.is_set()):
+        waits = {task} if parked is None else {task, asyncio.ensure_future(parked.wait())}
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            cancelled = True
+        finally:
+            for waiting in waits - {task}:
+                waiting.cancel()
+    return cancelled
+
+
+async def thread_unwound(task: asyncio.Future[Any]) -> bool:
+    """Wait up to `UNWIND` seconds for `task`, a plain function's thread awaited, to end of
+    itself, whatever cancels the waiter meanwhile: a thread no cancel stops, told to stop by
+    other means, is given the time to, so it does not run on past its caller. Whether the
+    waiter was cancelled, which its caller is to raise."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + UNWIND
+    cancelled = False
+    while not task.done() and (left := until - loop.time()) > 0:
+        try:
+            await asyncio.wait({task}, timeout=left)
+        except asyncio.CancelledError:
+            cancelled = True
+    return cancelled
 
 
 async def to_end(work: Coroutine[Any, Any, T], give_up: Callable[[], bool]) -> T:

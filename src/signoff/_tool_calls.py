@@ -32,7 +32,7 @@ from ._recording import (
 )
 from ._state import CallState, SessionState
 from ._state_parts import call_key
-from ._sync import to_end
+from ._sync import outwaited, thread_unwound, to_end
 from ._text import cut
 from ._tool_context import ToolContext
 from ._tool_json import over_limit, own_input
@@ -478,8 +478,11 @@ class ToolCalls(CallEnds):
                 # steps and asks no more, nor does a branch it left running. Nothing it did
                 # now would be replayed as the first run did it: the resumed body runs that.
                 journal.stop()
+                # A plain body's thread, which no cancel stops, ends with its park first (an
+                # ask on a loop of its own, `asyncio.run` in the thread, raises the cancel).
+                cancelled = not tool.is_async and await thread_unwound(task)
                 task.cancel()
-                cancelled = await _to_end(task)
+                cancelled = await outwaited(task) or cancelled
                 if not task.cancelled():
                     # What it raised as it unwound (a `finally`'s refused step) is no outcome:
                     # retrieved, so asyncio does not log it as never retrieved.
@@ -496,8 +499,9 @@ class ToolCalls(CallEnds):
             # cannot stop: its thread runs to an outcome, recorded while the lease is held.
             plain = not tool.is_async and not journal.stopped  # not stopped as it parked
             if isinstance(exc, asyncio.CancelledError) and plain:
-                await _to_end(task)
-                if not task.cancelled() and not (lease is not None and lease.lost):
+                # Unless it parks meanwhile (on a loop of its own): it waits then for the stop.
+                await outwaited(task, journal.parked)
+                if task.done() and not task.cancelled() and not (lease is not None and lease.lost):
                     return task, True
             # Closed first, as when it parks: neither its unwinding nor a branch it left
             # running steps or asks now: a resume runs them. A step whose function ended, or a
@@ -506,6 +510,8 @@ class ToolCalls(CallEnds):
             # its way); an async function still running (a task the body left) is not waited
             # for: it runs again on resume.
             journal.stop()
+            if not tool.is_async and journal.parked.is_set():
+                await thread_unwound(task)  # its park wakes; the drive's stop goes on after
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task
@@ -528,18 +534,6 @@ async def _replayed_whole(tool: Tool, ctx: ToolContext, validated: BaseModel) ->
     result = await tool.invoke(ctx, validated)
     ctx._reached_all()
     return result
-
-
-async def _to_end(task: asyncio.Future[Any]) -> bool:
-    """Wait for `task` to end, whatever cancels the waiter meanwhile (a lost lease may cancel
-    `task` itself): whether the waiter was cancelled, which its caller is to raise."""
-    cancelled = False
-    while not task.done():
-        try:
-            await asyncio.wait({task})
-        except asyncio.CancelledError:
-            cancelled = True
-    return cancelled
 
 
 def _traced(span: ToolSpan, task: asyncio.Future[Any] | None, bound: int) -> str | None:
