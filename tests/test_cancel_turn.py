@@ -12,6 +12,8 @@ from typing import Any, Literal
 import pytest
 
 import signoff as so
+import signoff._cancel_batch as _cancel_batch
+from signoff.models import ModelRequest
 from signoff.testing import Capture, ManualClock, call, call_tools, reply, scripted_agent, timeline
 
 from ._delegation import refund_desk
@@ -252,3 +254,41 @@ async def test_a_cancel_closes_a_chain_of_mirrors_its_grandchilds_deadline_close
             assert closed.status == "expired", sid
         assert ran == []
         assert await rt.verify_audit() == []
+
+
+class _Failing:
+    """Fails (a connection error: retryable) on a message with `fail` in it, else answers."""
+
+    async def complete(self, request: ModelRequest) -> so.ModelResponse:
+        last = [m for m in request.messages if m.kind == "user"][-1].text
+        if "fail" in last:
+            raise ConnectionError("model down")
+        return so.ModelResponse(text=f"re: {last}", usage=so.Usage())
+
+
+async def test_a_cancel_whose_failed_turn_was_passed_meanwhile_reports_it_not_retryable(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Alice cancels her failed turn (a retry could resume it) while her next message starts the
+    turn past it. The cancel, which found it ended, reported it `retryable`, though a retry
+    runs only the session's turn: it reports it failed, not retryable, cancelling nothing."""
+    async with so.Runtime([so.Agent(name="desk", model=_Failing())], store=store_url) as rt:
+        failed = await rt.generate("desk", prompt="fail", auth=ALICE)
+        sid = failed.session_id
+        assert (failed.status, failed.retryable) == ("failed", True)
+        of = _cancel_batch.CancelBatch.of
+
+        async def passed_first(cls: Any, *a: Any, **kw: Any) -> Any:
+            monkeypatch.undo()
+            assert (await rt.send(sid, "next", principal=ALICE)).status == "completed"
+            return await of(*a, **kw)
+
+        monkeypatch.setattr(_cancel_batch.CancelBatch, "of", classmethod(passed_first))
+        told = await rt.cancel(sid, principal=ALICE)
+        assert (told.turn_id, told.status) == (failed.turn_id, "failed")
+        assert (told.retryable, told.cancelled) == (False, False)
+        state = await rt.state(sid)
+        assert state.turn is not None and (state.turn.status, state.turn.text) == (
+            "completed",
+            "re: next",
+        )

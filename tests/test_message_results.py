@@ -470,3 +470,56 @@ async def test_a_keyed_prompt_and_its_repeat_are_told_its_turn_not_its_senders_n
                 session_id=sid, prompt="first", auth=ALICE, idempotency_key="ka"
             )
         assert (again.turn_id, again.text, again.replayed) == (g.turn_id, g.text, True)
+
+
+class Failing:
+    """Fails (a connection error: retryable) on a message with `fail` in it, else answers."""
+
+    async def complete(self, request: ModelRequest) -> so.ModelResponse:
+        last = [m for m in request.messages if m.kind == "user"][-1].text
+        if "fail" in last:
+            raise ConnectionError("model down")
+        return so.ModelResponse(text=f"re: {last}", usage=so.Usage())
+
+
+@pytest.mark.parametrize("how", ["send", "generate", "http-send", "http-generate"])
+async def test_a_repeat_of_a_failed_turn_passed_by_the_next_is_not_retryable(
+    store_url: str, how: str
+) -> None:
+    """Alice's keyed message fails its turn (retryable), then her next message starts the turn
+    past it. The repeat was told `retryable`, and a retry as told ran her next turn: it is told
+    the failed turn not retryable, over HTTP too (README: only the session's turn is retried)."""
+    runtime = so.Runtime([so.Agent(name="desk", model=Failing())], store=store_url)
+    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://t", headers=auth("alice-token")
+        ) as c,
+    ):
+        sid = await runtime.create_session("desk", auth=ALICE)
+
+        async def keyed() -> tuple[str | None, str, bool, bool]:
+            if how.startswith("http"):
+                path, body = ("messages", {"text": "fail"})
+                if how == "http-generate":
+                    path, body = ("generate", {"message": "fail"})
+                head = {"Idempotency-Key": "kf"}
+                r = await c.post(f"/v1/sessions/{sid}/{path}", json=body, headers=head)
+                assert r.status_code == 200, r.text
+                got = r.json()
+                return got["turn_id"], got["status"], got["retryable"], got["replayed"]
+            if how == "send":
+                a = await runtime.send(sid, "fail", principal=ALICE, idempotency_key="kf")
+            else:
+                a = await runtime.generate(
+                    session_id=sid, prompt="fail", auth=ALICE, idempotency_key="kf"
+                )
+            return a.turn_id, a.status, a.retryable, a.replayed
+
+        failed = await keyed()
+        assert failed[1:] == ("failed", True, False)
+        nxt = await runtime.send(sid, "next", principal=ALICE)
+        assert (nxt.status, nxt.text) == ("completed", "re: next")
+        assert await keyed() == (failed[0], "failed", False, True)
+    await runtime.close()

@@ -67,7 +67,7 @@ class Cancelling(Deletion):
                 await self._expire(state)
             turn = state.turn
             if began is not None and (turn is None or turn.id != began[0]):  # ended meanwhile
-                return self._result(await load_turn(self.store, session_id, *began))
+                return self._earlier_result(state, await load_turn(self.store, session_id, *began))
             if turn_id is not None and (turn is None or turn.id != turn_id):
                 return self._result(state)  # not (or no longer) the session's turn
             if turn is None or turn_over(turn):

@@ -137,10 +137,12 @@ class MessageResults(Answering):
 
     def _earlier_result(self, state: SessionState, ended: SessionState) -> GenerateResult:
         """The result of `ended`, a turn before `state`'s, with its requests still open in
-        `state` pending."""
+        `state` pending; not `retryable`, though it failed so: a retry resumes only the
+        session's turn (it would run `state`'s)."""
         result = self._result(ended)
         open_now = {r.id for r in state.pending_requests()}
-        return dataclasses.replace(result, pending=[r for r in result.pending if r.id in open_now])
+        pending = [r for r in result.pending if r.id in open_now]
+        return dataclasses.replace(result, pending=pending, retryable=False)
 
 
 def _sender_next(state: SessionState, ended: SessionState) -> bool:
