@@ -402,3 +402,51 @@ async def test_a_running_session_row_no_one_can_read_does_not_stop_an_inline_swe
             status = (await worker.state(sid)).turn_status
             assert status == ("running" if sid == bad else "completed")
     assert len(runs) == 2
+
+
+@pytest.mark.parametrize(
+    "point", ["input.resolved", "tool.started", "tool.completed", "turn.completed"]
+)
+async def test_a_sweep_whose_drive_after_the_deadline_fails_says_the_deadline_was_recorded(
+    store_url: str, point: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The deadline approved the call, in its own commit, and the store refused a later commit
+    of the drive that went on with the turn (`point`'s): the log said the session's passed
+    deadlines were not applied. It says they were recorded and the drive failed (and not
+    applied only when the deadline's commit is the one refused); the next sweeps finish the
+    turn, the call run once."""
+    clock = ManualClock()
+    log = ExecutionLog()
+    agent = payout_agent(log, so.always(expires_in=60, on_timeout="approve"))
+    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
+        sid, req, _ = await asked(rt)
+    clock.advance(61)
+    async with so.Runtime([agent], store=store_url, clock=clock) as worker:
+        commit = worker.store.commit
+        refused: list[str] = []
+
+        async def once(batch: Any, *args: Any, **kwargs: Any) -> Any:
+            if not refused and point in [e.type for e in batch.events]:
+                refused.append(point)
+                raise so.StoreError(f"refused (test) {point}")
+            return await commit(batch, *args, **kwargs)
+
+        worker.store.commit = once  # type: ignore[method-assign,assignment]
+        with caplog.at_level(logging.WARNING, logger="signoff.worker"):
+            touched = await worker.expire_due()
+        assert refused == [point] and touched == (0 if point == "input.resolved" else 1)
+        said = [r.getMessage() for r in caplog.records if r.name == "signoff.worker"]
+        what = "recorded; driving its turn on failed"
+        if point == "input.resolved":
+            what = "not applied"
+        assert said == [f"session {sid}: its passed deadlines {what}: refused (test) {point}"]
+        stored = await worker.store.get_request(req.id)
+        assert stored is not None
+        assert stored.status == ("pending" if point == "input.resolved" else "expired")
+        for _ in range(50):
+            if (await worker.state(sid)).turn_status == "completed":
+                break
+            await worker.expire_due()
+            await asyncio.sleep(0.05)
+        assert (await worker.state(sid)).turn_status == "completed"
+        assert len(log.executions) == 1

@@ -38,6 +38,9 @@ _handing: ContextVar[Callable[[str, float | None], None] | None] = ContextVar(
 runnable are handed to it, to run in the background, instead of driven inside the sweep."""
 
 _LEFT = "session %s: stopping; its turn (its deadline recorded) is left to the next process's sweep"
+_DRIVE_FAILED = "its passed deadlines recorded; driving its turn on failed"
+"""What a sweep logs when the drive after a session's recorded deadlines fails (a later commit
+of it refused, say), told apart from the deadlines' own record failing ("not applied")."""
 
 
 class SweepDrives:
@@ -362,16 +365,17 @@ class Sweeps(Messages):
         await asyncio.gather(*(one(sid) for sid in sessions))
 
     async def _drive_all(self, sessions: Sequence[str], lease_wait: float | None = None) -> None:
-        """Drive the turns of `sessions`, `SWEEP_DRIVES` at once; a failure of one is logged
-        and the others go on, a failure of the store as a whole is raised once all ended.
-        `lease_wait` as `_drive`'s (0: a session another drive holds is left to it)."""
+        """Drive the turns of `sessions`, whose passed deadlines are recorded, `SWEEP_DRIVES`
+        at once; a failure of one is logged as the drive's (the deadlines stand) and the others
+        go on, a failure of the store as a whole is raised once all ended. `lease_wait` as
+        `_drive`'s (0: a session another drive holds is left to it)."""
         slots = asyncio.Semaphore(SWEEP_DRIVES)
 
         async def one(sid: str) -> None:
             async with slots:
                 with (
                     contextlib.suppress(SessionExpired),
-                    one_of_many(log, sid, "its passed deadlines not applied"),
+                    one_of_many(log, sid, _DRIVE_FAILED),
                 ):
                     await self._drive(sid, lease_wait=lease_wait)
 
