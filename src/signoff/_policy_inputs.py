@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ._approval import SessionAuth, SessionInfo
+from ._raw_input import raw_copy
 from ._state import SessionState
 from ._tools import Tool
 from ._types import InputRequest
@@ -27,11 +28,13 @@ def proposed_input(state: SessionState, tool: Tool, request: InputRequest) -> An
 
 
 def typed_input(tool: Tool, value: Any) -> Any:
-    """The call's input as the tool's validated model, as approval policies see it."""
+    """The call's input as the tool's validated model, as approval policies see it: made anew,
+    theirs to change, as is a copy of `value` that does not validate (the call's or request's
+    own, changed, changed the call or what the next reader of it got)."""
     try:
         return tool.validate(value)
     except ValidationError:
-        return value
+        return raw_copy(value)
 
 
 def session_info(state: SessionState, request: InputRequest) -> SessionInfo:

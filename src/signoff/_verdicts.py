@@ -1,6 +1,7 @@
 """A proposed call's verdict: the strictest of its tool's policy and the agent's guardrails,
 each failing closed (a person is asked) when it raises or returns something else; and the
-guardrails' again as an approved call would start (a deploy since may deny it)."""
+guardrails' again as an approved call would start (a deploy since may deny it). Each reads an
+input of its own, so that what one changes reaches neither the next, the request nor the body."""
 
 from __future__ import annotations
 
@@ -9,11 +10,20 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import ValidationError
-
-from ._approval import ApprovalContext, Guardrail, Verdict, reason_text
+from ._approval import (
+    ApprovalContext,
+    ApprovalPolicy,
+    Guardrail,
+    Verdict,
+    always,
+    never,
+    once,
+    reason_text,
+    tool_policy,
+)
 from ._error_text import error_text
 from ._output_caps import spare
+from ._policy_inputs import typed_input
 from ._recording import own_cancel
 from ._sync import called_off_loop, thread_note
 from ._tools import Tool
@@ -26,12 +36,12 @@ async def strictest(
     tool: Tool, ctx: ApprovalContext, guardrails: Sequence[Guardrail], raw: Any
 ) -> Verdict:
     """The strictest of the tool's policy and `guardrails`: deny > ask > run. `raw` is the
-    input `ctx.tool_input` was validated from: a lazy one is validated anew for each of them."""
+    input `ctx.tool_input` was validated from, validated anew for each of them (`_own_input`)."""
     # A `decide` of a subclass's own may be a plain method (the docs say it returns a verdict):
     # awaited as it was, its deny asked a person instead, with a TypeError for the reason. It
     # runs in a thread, as a plain policy function does, so one that blocks stops no renewal.
     try:
-        own = await called_off_loop(tool.approval.decide, _own_input(tool, ctx, raw))
+        own = await called_off_loop(tool.approval.decide, _own_input(tool, ctx, raw, tool.approval))
     except (Exception, asyncio.CancelledError) as exc:  # fail closed: a person is asked
         note = thread_note(tool.approval.decide, exc)
         own = Verdict("ask", error=f"approval policy raised {_policy_error(exc)}{note}")
@@ -93,7 +103,7 @@ async def _guardrails(
         if spent is not None and ctx.budget_left:  # what its own review may spend is less
             seen = dataclasses.replace(ctx, budget_left=spare(ctx.budget_left, spent))
         try:
-            v = await called_off_loop(guardrail.decide, _own_input(tool, seen, raw))
+            v = await called_off_loop(guardrail.decide, _own_input(tool, seen, raw, guardrail))
         except (Exception, asyncio.CancelledError) as exc:  # fail closed, like a policy
             note = thread_note(guardrail.decide, exc)
             v = Verdict("ask", error=f"guardrail raised {_policy_error(exc)}{note}")
@@ -106,15 +116,21 @@ async def _guardrails(
     return verdicts if own is None else verdicts[1:]
 
 
-def _own_input(tool: Tool, ctx: ApprovalContext, raw: Any) -> ApprovalContext:
-    """`ctx` with input of one reader's own, if it is lazy: reading it uses up its iterators (a
-    predicate's `sum(input.amounts)`), so the next policy or the body would get none."""
-    if not tool.holds_lazy(ctx.tool_input):  # an `Iterable` parameter's, or a validator's
+def _own_input(
+    tool: Tool, ctx: ApprovalContext, raw: Any, reader: ApprovalPolicy | Guardrail
+) -> ApprovalContext:
+    """`ctx` with input of `reader`'s own, `raw` validated anew: one changing the input in
+    place (a predicate's `input.amounts.sort()` to read the largest) changed what the next
+    reader, the request a person approves and the body got, and reading a lazy one used up its
+    iterators. signoff's helpers that decide by the tool's name alone (`_BLIND`) read none."""
+    if type(reader).decide in _BLIND:
         return ctx
-    try:
-        return dataclasses.replace(ctx, tool_input=tool.validate(raw))
-    except ValidationError:  # as `typed_input`: input that does not validate is seen raw
-        return dataclasses.replace(ctx, tool_input=raw)
+    return dataclasses.replace(ctx, tool_input=typed_input(tool, raw))
+
+
+_BLIND = frozenset(type(p).decide for p in (never(), always(), once(), tool_policy()))
+"""The `decide` of `never()`, `always()`, `once()` and `tool_policy()`, which never read the
+call's input: they take it as it is, at no cost (a subclass's own `decide` is not one)."""
 
 
 def _policy_error(exc: BaseException) -> str:

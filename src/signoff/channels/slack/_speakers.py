@@ -34,15 +34,15 @@ async def policy_refuses(rt: Runtime, request: InputRequest, principal: Principa
     if request.kind != "tool-approval" or tool is None or tool.response_policy is None:
         return False
     state = await rt.state(request.session_id)
-    info = RequestInfo(
-        request_id=request.id,
-        call_id=request.call_id or "",
-        tool_name=request.tool_name or "",
-        tool_input=typed_input(tool, request.input),
-        principal=request.requested_by,
-        escalated_to=request.escalated_to,
-    )
     for decision in ("approve", "cancel"):
+        info = RequestInfo(  # input of its own for each: what one run changes stays its own
+            request_id=request.id,
+            call_id=request.call_id or "",
+            tool_name=request.tool_name or "",
+            tool_input=typed_input(tool, request.input),
+            principal=request.requested_by,
+            escalated_to=request.escalated_to,
+        )
         ctx = ResponseContext(
             request=info,
             response=ResponseInfo(decision=decision, principal=principal),
