@@ -394,11 +394,14 @@ async def test_a_caller_that_stops_waiting_stops_the_tool_body_too(tmp_path: Pat
     # body is cancelled with it, not left running unseen, journaling after its drive ended.
     seen: list[str] = []
     release = asyncio.Event()
+    waiting: list[asyncio.Timeout] = []  # the caller's wait, which ends soon after the body starts
 
     @so.tool
     async def upload(ctx: so.ToolContext) -> str:
         """Uploads a file."""
         seen.append("started")
+        if waiting:  # the first run's caller
+            waiting.pop().reschedule(asyncio.get_running_loop().time() + 0.05)
         try:
             await release.wait()
         except asyncio.CancelledError:
@@ -411,7 +414,8 @@ async def test_a_caller_that_stops_waiting_stops_the_tool_body_too(tmp_path: Pat
     async with sqlite_runtime(tmp_path, agent) as rt:
         sid = await rt.create_session("a")
         with pytest.raises(TimeoutError):
-            async with asyncio.timeout(0.2):
+            async with asyncio.timeout(10) as wait:  # not counting the drive to the body
+                waiting.append(wait)
                 await rt.generate(session_id=sid, prompt="go")
         assert seen == ["started", "cancelled"]
         release.set()
