@@ -101,6 +101,55 @@ def test_thinking_within_max_tokens_is_taken(params) -> None:
     assert model.params == params
 
 
+INTERLEAVED = "interleaved-thinking-2025-05-14"
+WHOLE_TURN = {"thinking": {"type": "enabled", "budget_tokens": 20000}}
+
+
+def test_interleaved_thinking_may_think_past_max_tokens_over_the_turn() -> None:
+    """With the interleaved-thinking beta the budget is the whole turn's, above `max_tokens`
+    as the API allows, whichever way the header is sent; its least still holds."""
+    beta = {"anthropic-beta": f"{INTERLEAVED},other-beta"}
+    made = [
+        so.models.Anthropic(
+            "claude-sonnet-4-5",
+            api_key="x",
+            max_tokens=16000,
+            params={**WHOLE_TURN, "extra_headers": beta},
+        ),
+        so.models.Anthropic(
+            "claude-sonnet-4-5",
+            api_key="x",
+            max_tokens=16000,
+            params=WHOLE_TURN,
+            env={"ANTHROPIC_CUSTOM_HEADERS": f"anthropic-beta: {INTERLEAVED}"},
+        ),
+    ]
+    import anthropic
+
+    client = anthropic.AsyncAnthropic(api_key="x", default_headers=beta)
+    made.append(
+        so.models.Anthropic("claude-sonnet-4-5", client=client, max_tokens=16000, params=WHOLE_TURN)
+    )
+    assert [m.params["thinking"]["budget_tokens"] for m in made] == [20000] * 3
+    with pytest.raises(so.UsageError, match=r"at least 1,024, not 512"):
+        so.models.Anthropic(
+            "claude-sonnet-4-5",
+            api_key="x",
+            params={
+                "thinking": {"type": "enabled", "budget_tokens": 512},
+                "extra_headers": beta,
+            },
+        )
+    # Another beta, or the header's value taken away by `extra_headers`: below max_tokens
+    with pytest.raises(so.UsageError, match=r"below max_tokens \(16,000\), not 20,000"):
+        so.models.Anthropic(
+            "claude-sonnet-4-5",
+            client=client,
+            max_tokens=16000,
+            params={**WHOLE_TURN, "extra_headers": {"Anthropic-Beta": "other-beta"}},
+        )
+
+
 async def test_a_missing_key_is_a_usage_error_unless_a_base_url_is_given(fake, monkeypatch) -> None:
     # as OpenAIChat: said when the model is made, not as an SDK complaint at every turn
     for name in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL"):

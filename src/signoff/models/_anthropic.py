@@ -26,7 +26,7 @@ from ._anthropic_wire import (
     to_anthropic_tool,
 )
 from ._base import ModelRequest, PausedPart
-from ._environment import ANTHROPIC_BASE_URL, anthropic_client
+from ._environment import ANTHROPIC_BASE_URL, anthropic_betas, anthropic_client
 from ._http_env import HttpEnv, http_package
 from ._provider import (
     ANTHROPIC_PRICES,
@@ -141,7 +141,6 @@ class Anthropic(SdkModel):
         self.params = check_params(
             owner, params, {"model", "messages", "tools", "system", "stream"}, sdk_create, given
         )
-        check_thinking(owner, self.params, max_tokens)
         given = check_price(owner, price_per_mtok)
         self._price_given = given is not None
         self.price_per_mtok = given or lookup_price(model, ANTHROPIC_PRICES)
@@ -174,6 +173,9 @@ class Anthropic(SdkModel):
                         "(or base_url= for a gateway that needs none)"
                     )
                 api_key = "unused"  # a gateway that checks none; the SDK wants one
+
+        betas = anthropic_betas(client, env, self.params)
+        check_thinking(owner, self.params, max_tokens, interleaved="interleaved-thinking" in betas)
 
         def make() -> Any:
             if env is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -56,9 +57,12 @@ def stand_in_tools(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-def check_thinking(owner: str, params: Mapping[str, Any], max_tokens: int) -> None:
+def check_thinking(
+    owner: str, params: Mapping[str, Any], max_tokens: int, *, interleaved: bool = False
+) -> None:
     """Refuse a thinking `budget_tokens` the API refuses on every call (below 1,024, or not
-    below `max_tokens`, as `params` or its `extra_body` set it): else every turn fails, in vain."""
+    below `max_tokens`, as `params` or its `extra_body` set it): else every turn fails, in vain.
+    With interleaved thinking (a beta) it is the whole turn's, and may pass `max_tokens`."""
     extra = params.get("extra_body")
     extra = extra if isinstance(extra, Mapping) else {}
     most = max_tokens
@@ -73,10 +77,11 @@ def check_thinking(owner: str, params: Mapping[str, Any], max_tokens: int) -> No
         budget = thinking.get("budget_tokens")
         if not isinstance(budget, int) or isinstance(budget, bool):
             continue
-        if not LEAST_THINKING <= budget < most:
+        if not LEAST_THINKING <= budget < (math.inf if interleaved else most):
+            below = "" if interleaved else f" and below max_tokens ({most:,})"
             raise UsageError(
-                f"{owner}: thinking's budget_tokens must be at least {LEAST_THINKING:,} and below "
-                f"max_tokens ({most:,}), not {budget:,}: the API refuses every call otherwise"
+                f"{owner}: thinking's budget_tokens must be at least {LEAST_THINKING:,}{below}, "
+                f"not {budget:,}: the API refuses every call otherwise"
             )
 
 

@@ -13,7 +13,13 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
-__all__ = ["OPENAI_BASE_URL", "ANTHROPIC_BASE_URL", "anthropic_client", "openai_client"]
+__all__ = [
+    "OPENAI_BASE_URL",
+    "ANTHROPIC_BASE_URL",
+    "anthropic_betas",
+    "anthropic_client",
+    "openai_client",
+]
 
 # The SDKs' own defaults, used when neither the argument nor the given environment names one.
 OPENAI_BASE_URL = "https://api.openai.com/v1"
@@ -28,6 +34,22 @@ def _parse_headers(text: str | None) -> dict[str, str]:
         if colon:
             headers[name.strip()] = value.strip()
     return headers
+
+
+def anthropic_betas(client: Any, env: Mapping[str, str] | None, params: Mapping[str, Any]) -> str:
+    """The `anthropic-beta` header the model's calls send, as far as can be told: `params`'
+    `extra_headers`, else the client's headers (a `client=` given, or `ANTHROPIC_CUSTOM_HEADERS`
+    of `env` or the process, which the SDK sends)."""
+    for headers in (
+        params.get("extra_headers"),
+        getattr(client, "default_headers", None) if client is not None else None,
+        _parse_headers((os.environ if env is None else env).get("ANTHROPIC_CUSTOM_HEADERS")),
+    ):
+        if isinstance(headers, Mapping):
+            for name, value in headers.items():
+                if isinstance(name, str) and name.lower() == "anthropic-beta":
+                    return str(value)
+    return ""
 
 
 def _headers(sdk: ModuleType, env: Mapping[str, str], variable: str) -> dict[str, Any]:
