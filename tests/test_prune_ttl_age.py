@@ -160,7 +160,7 @@ async def test_the_orphan_sweep_cancelling_a_child_of_an_expired_parent_keeps_it
         t0 = clock()
         clock.advance(61)
         await lacking.state(parent)
-        turn = (await rt.state(kid)).turn
+        turn = (await lacking.state(kid)).turn  # (`rt.state` would cancel it, as the sweep does)
         assert turn is not None and turn.status == "waiting"  # left to `rt`
         assert await rt.expire_due() >= 1
         turn = (await rt.state(kid)).turn
@@ -204,7 +204,7 @@ async def test_the_orphan_sweep_cancelling_a_grandchild_under_an_expired_top_kee
         clock.advance(61)
         await lacking.state(top)
         kid = next(s.id for s in await lacking.sessions() if s.agent == "orders")
-        turn = (await rt.state(kid)).turn
+        turn = (await lacking.state(kid)).turn  # (`rt.state` would cancel it, as the sweep does)
         assert turn is not None and turn.status == "waiting"  # left to `rt`
         clock.advance(5)
         assert await rt.expire_due() >= 1

@@ -1,11 +1,14 @@
 """A session whose TTL passed, nothing recording it yet, over a subagent (or a subagent's
 subagent) waiting on a person: its expiry cancels their delegated turns, so their requests take
 no answer, and no surface that lists or counts open requests offers them (Python, the HTTP API,
-the dashboard), on both stores. A subagent's turn of its own, which its parent's expiry leaves
+the dashboard), nor does a read of the subagent's session (its page offers no form), on both
+stores. A subagent's turn of its own, which its parent's expiry leaves
 alone, stays listed."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 import httpx
@@ -78,6 +81,8 @@ async def test_a_child_whose_parent_passed_its_ttl_is_neither_listed_nor_counted
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
             shown = (await c.get(f"/v1/requests/{request}", headers=auth("alice-token"))).json()
             assert shown["status"] == "withdrawn"  # as the parent's expiry will close it
+            stored = await rt.store.get_request(request)
+            assert stored is not None and stored.status == "withdrawn"  # and recorded so
             answer = {"inputResponses": [{"requestId": request, "optionId": "approve"}]}
             refused = await c.post(
                 f"/v1/sessions/{child}/responses", json=answer, headers=auth("alice-token")
@@ -150,3 +155,68 @@ async def test_a_childs_own_turn_stays_listed_once_its_parents_ttl_passed(
 
 def test_the_ancestors_looked_at_reach_as_deep_as_subagents_nest() -> None:
     assert DEEPEST == _subagents.MAX_DEPTH
+
+
+def _reads(c: httpx.AsyncClient, child: str) -> dict[str, Callable[[], Awaitable[str]]]:
+    """The reads of the child's session a person looks at: its dashboard page, the open
+    requests of the fragment a live page reads, and `GET /v1/sessions/{id}`."""
+    headers = auth("alice-token")
+
+    async def page() -> str:
+        return (await c.get(f"/_signoff/sessions/{child}", headers=headers)).text
+
+    async def fragment() -> str:
+        got = await c.get(f"/_signoff/fragments/sessions/{child}", headers=headers)
+        return str(got.json()["pending"])
+
+    async def api() -> str:
+        return (await c.get(f"/v1/sessions/{child}", headers=headers)).text
+
+    return {"page": page, "fragment": fragment, "api": api}
+
+
+@pytest.mark.parametrize("read", ["page", "fragment", "api"])
+@pytest.mark.parametrize("expiring", ["support", "front"])
+async def test_a_childs_page_offers_no_form_once_a_ttl_above_it_passed(
+    store_url: str, read: str, expiring: str
+) -> None:
+    """`billing`'s session page, its live fragment and its HTTP read, once the TTL of a session
+    above it passed (its parent's, or its grandparent's) with nobody reading those since: they
+    showed its request open, with Deny and the reason box, though that TTL ended the delegated
+    turn that asked it; the reason typed was then refused (409 `request_closed`, withdrawn) and
+    lost. The read records that first, as an answer would: the request is withdrawn, its turn
+    cancelled, and no form is offered."""
+    ran: list[str] = []
+    clock = ManualClock()
+    desk = _front_desk(ran, expiring)
+    if expiring == "support":
+        desk = desk[1:]  # `support` at the top, `front` not in it
+    async with so.Runtime(desk, store=store_url, clock=clock) as rt:
+        r = await rt.generate(desk[0].name, prompt="refund 9", auth=ALICE)
+        (mirror,) = r.pending
+        ref = mirror.child
+        if expiring == "front":  # the mirror in `support` of billing's request
+            assert ref is not None
+            (mirror,) = (await rt.state(ref.session_id)).pending_requests()
+            ref = mirror.child
+        assert ref is not None
+        leaf, request = ref.session_id, ref.request_id
+        transport = httpx.ASGITransport(app=create_app(rt, auth=TokenAuth(TOKENS)))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            look = _reads(c, leaf)[read]
+            before = await look()
+            assert request in before and (read == "api" or 'value="cancel"' in before)
+            clock.advance(60)
+            shown = await look()
+        if read == "api":
+            assert json.loads(shown)["pending"] == []
+        else:
+            assert f'data-request-id="{request}"' not in shown and 'value="cancel"' not in shown
+            assert 'placeholder="Reason' not in shown
+        stored = await rt.store.get_request(request)
+        assert stored is not None and stored.status == "withdrawn"
+        ended = (await rt.state(leaf)).turn
+        assert ended is not None and ended.status == "cancelled"
+        above = await rt.store.get_request(r.pending[0].id)
+        assert above is not None and above.status != "pending"
+        assert ran == []

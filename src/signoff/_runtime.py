@@ -455,7 +455,9 @@ class Runtime(Cancelling):
         waiting on answers no one can give (nor on an expired subagent's mirror). Its open
         mirrors show their subagents' requests' votes, escalation and deadline. It is the
         caller's own copy: the runtime's later calls leave it as it is, and changing it (but its
-        calls' journals' entries, shared) changes nothing they decide (`detached`)."""
+        calls' journals' entries, shared) changes nothing they decide (`detached`). A
+        subagent's delegated turn that a passed TTL above it ended is recorded so too (its
+        requests withdrawn), as an answer to them would record it."""
         state = await self._state(session_id)
         if state.expired(self.now()) and expiry_specs(state) and state.agent in self.agents:
             with contextlib.suppress(SessionExpired, StoreError):
@@ -466,6 +468,8 @@ class Runtime(Cancelling):
             # go on, is left runnable for the next call or a worker, as `resume=False` leaves it.
             leaving = to_claims.set(True)
             try:
+                if await self._record_ended_above(state):
+                    state = await self._state(session_id)
                 recorded = await self._record_expired_children(state)
             finally:
                 to_claims.reset(leaving)
@@ -475,6 +479,20 @@ class Runtime(Cancelling):
         # Shown as recorded (no turn driven), before mirrors take deadlines listings do not see.
         shown = state_after_deadlines(shown, now := self.now())
         return await followed_state(self.store, shown, now)
+
+    async def _record_ended_above(self, state: SessionState) -> bool:
+        """Record the end of the subagent's delegated turn that a passed TTL above its session
+        brought (`_orphaned`: the turn cancelled, its requests withdrawn), so a read offers no
+        request that takes no answer. Looked for only while it has open requests the queue
+        leaves out (one indexed count: `live_at`); returns whether it recorded."""
+        if state.parent is None or not state.pending_requests() or state.agent not in self.agents:
+            return False
+        live = PendingFilter(session_id=state.id, live_at=self.now(), limit=1)
+        if await self.store.count_pending(live):
+            return False
+        with contextlib.suppress(StoreError):  # a store this process may only read: as it is
+            return await self._orphaned(state)
+        return False
 
     async def _record_expired_children(self, state: SessionState) -> bool:
         """Record the passed TTL of the subagents the session's open mirrors were asked for,
