@@ -9,13 +9,18 @@ import contextlib
 import logging
 from typing import Any
 
+import httpx
 import pytest
 
 import signoff as so
 from signoff._sweeping import SWEEP_DRIVES, SweepDrives
+from signoff.server import TokenAuth, create_app
+from signoff.stores import PendingFilter
 from signoff.testing import ExecutionLog, ManualClock, call, call_tools, reply, scripted_agent
 
+from ._dashboard import csrf_of
 from .test_deadlines import ALICE, payout_agent
+from .test_runtime import types_of
 
 SESSIONS = SWEEP_DRIVES + 2
 
@@ -174,3 +179,83 @@ async def test_a_sweeps_background_drive_passes_over_a_session_deleted_before_it
         assert [r.message for r in caplog.records] == []
         with pytest.raises(so.UnknownSession):
             await rt.state(sid)
+
+
+async def _lapsed_request(store_url: str, clock: ManualClock) -> tuple[str, str]:
+    """A session waiting on a request whose deadline then passes, nothing recording it."""
+    async with so.Runtime([_payer()], store=store_url, clock=clock) as rt:
+        r = await rt.generate("pay", prompt="pay", auth=ALICE)
+    clock.advance(61)
+    return r.session_id, r.pending[0].id
+
+
+def _payer() -> so.Agent:
+    return payout_agent(ExecutionLog(), so.always(expires_in=60))
+
+
+async def test_a_listing_of_expired_requests_holds_one_whose_deadline_passed_unrecorded(
+    store_url: str,
+) -> None:
+    """`state()` showed the request `expired`, but `pending_page(status="expired")` listed
+    nothing until some read recorded the deadline: it records it first, as the queue does,
+    and lists it (the turn goes on). A listing of every status shows it `expired` too."""
+    clock = ManualClock()
+    sid, rid = await _lapsed_request(store_url, clock)
+    async with so.Runtime([_payer()], store=store_url, clock=clock) as rt:
+        assert (await rt.state(sid)).requests[rid].status == "expired"
+        page, more = await rt.pending_page(PendingFilter(status="expired"))
+        assert ([(r.id, r.status) for r in page], more) == ([(rid, "expired")], False)
+        assert (await rt.state(sid)).status == "idle"  # recorded, and the turn went on
+    sid, rid = await _lapsed_request(store_url, clock)
+    async with so.Runtime([_payer()], store=store_url, clock=clock) as rt:
+        page, _ = await rt.pending_page(PendingFilter(status=None, session_id=sid))
+        assert [(r.id, r.status) for r in page] == [(rid, "expired")]
+        assert (await rt.state(sid)).status == "idle"
+
+
+async def test_a_listing_of_every_status_without_the_agent_shows_a_passed_deadline_closed(
+    store_url: str,
+) -> None:
+    """A runtime without the agent cannot record the deadline: a listing of every status left
+    the request out (its total counted it); it shows it as the deadline leaves it, `expired`,
+    writing nothing."""
+    clock = ManualClock()
+    sid, rid = await _lapsed_request(store_url, clock)
+    async with so.Runtime([], store=store_url, clock=clock) as reader:
+        before = await types_of(reader, sid)
+        page, _ = await reader.pending_page(PendingFilter(status=None))
+        assert [(r.id, r.status) for r in page] == [(rid, "expired")]
+        assert await types_of(reader, sid) == before
+
+
+@pytest.mark.parametrize("rule", ["default", "own"])
+async def test_the_http_listing_of_expired_requests_holds_a_passed_deadline(
+    store_url: str, rule: str
+) -> None:
+    """A server with the agent: `GET /v1/requests?status=expired` listed and counted nothing
+    (the dashboard's audit page alike) until `GET /v1/requests/{id}` recorded the deadline;
+    it records it first, under the default rule and under an app's own, which it filters by."""
+    clock = ManualClock()
+    sid, rid = await _lapsed_request(store_url, clock)
+    runtime = so.Runtime([_payer()], store=store_url, clock=clock)
+    extra: dict[str, Any] = {}
+    if rule == "own":
+        extra["access"] = lambda caller, initiator: caller == initiator
+    app = create_app(
+        runtime, auth=TokenAuth({"tok": ALICE}), sweep_every=None, close_runtime=True, **extra
+    )
+    transport = httpx.ASGITransport(app=app)
+    headers = {"Authorization": "Bearer tok"}
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://t", headers=headers) as c,
+    ):
+        body = (await c.get("/v1/requests", params={"status": "expired"})).json()
+        assert (body["total"], [i["id"] for i in body["items"]]) == (1, [rid])
+        assert (await c.get(f"/v1/sessions/{sid}")).json()["status"] == "idle"
+        _, later = await _lapsed_request(store_url, clock)
+        page = await c.get("/_signoff/login")
+        signed = {"token": "tok", "csrf": csrf_of(page.text)}
+        assert (await c.post("/_signoff/login", data=signed)).status_code == 303
+        audit = (await c.get("/_signoff/audit", params={"status": "expired"})).text
+        assert rid in audit and later in audit

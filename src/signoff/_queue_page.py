@@ -16,17 +16,26 @@ from ._mirrors import followed
 from ._sweeps import STORE_FAILING, one_of_many
 from ._types import InputRequest
 from .stores import PendingFilter, Store
-from .stores._pending import cursor_past
+from .stores._pending import cursor_past, first_seen
 
 if TYPE_CHECKING:
     from ._work import Workers
 
-__all__ = ["counted_listing", "counted_page", "keyed_page", "passing_page", "queue_page"]
+__all__ = [
+    "as_left",
+    "counted_listing",
+    "counted_page",
+    "keyed_page",
+    "passing_page",
+    "queue_page",
+    "record_closed",
+]
 
 T = TypeVar("T")
 Read = Callable[[PendingFilter], Awaitable[tuple[list[InputRequest], T]]]
 Listed = tuple[int, tuple[float, str] | None]
 """How many rows a page's read listed, and the `PendingFilter.after` past them (None: none)."""
+_DUE_PAGE = 500  # open requests past their deadline read at a time (`record_closed`)
 
 
 async def queue_page(rt: Workers, flt: PendingFilter) -> tuple[list[InputRequest], bool]:
@@ -152,8 +161,9 @@ async def _page(
     """The page as of `at` (else now), as shown and as the store listed it: passed deadlines
     it holds are applied first, then the page (and its total) read again. `passing`: as
     `keyed_page`'s, also for a mirror whose subagent's request cannot be read."""
-    page, total = await read(flt)
     now = rt.now() if at is None else at
+    await record_closed(rt, flt, now)
+    page, total = await read(flt)
     due = [r for r in page if is_due(r, now)]
     if due and await rt._apply_deadlines(due, listing=True):
         page, total = await read(flt)
@@ -164,8 +174,42 @@ async def _page(
     if flt.status == "pending":
         followed_page = await _followed(rt.store, page, now, passing)
         followed_page = [r for r in followed_page if r.status == "pending"]
-    shown = [a for r in followed_page if (a := after_deadline(r, now)) is not None]
+    if flt.status is None:  # a listing of every status shows one closed so as closed
+        shown = [as_left(r, now) for r in followed_page]
+    else:
+        shown = [a for r in followed_page if (a := after_deadline(r, now)) is not None]
     return shown, page, total
+
+
+async def record_closed(rt: Workers, flt: PendingFilter, now: float) -> None:
+    """Before a listing of `expired` requests: the open ones it would match but for their
+    status whose deadline passed by `now`, recorded first where this runtime has their agent
+    (and, as a listing of the queue does, their turns gone on with), so the listing and its
+    total hold them as `state()` shows them. Those of other agents are left to their process;
+    while none is due, one indexed query."""
+    if flt.status != "expired" or not rt.agents:
+        return
+    due: list[InputRequest] = []
+    seen: set[str] = set()  # a request listed again past a deleted one's cursor
+    after = None
+    while True:
+        open_flt = replace(
+            flt, status="pending", due_by=now, excluded=(), limit=_DUE_PAGE, offset=0, after=after
+        )
+        page = await rt.store.pending(open_flt)
+        due += [r for r in first_seen(page, seen) if r.agent in rt.agents and is_due(r, now)]
+        if len(page) < _DUE_PAGE:
+            break
+        after = cursor_past(page[-1], after)
+    if due:
+        await rt._apply_deadlines(due, listing=True)
+
+
+def as_left(request: InputRequest, now: float) -> InputRequest:
+    """`request` as its passed deadline leaves it before anyone has recorded that (another
+    agent's, a store this process may only read): escalated, or closed as `expired`."""
+    shown = after_deadline(request, now)
+    return request.model_copy(update={"status": "expired"}) if shown is None else shown
 
 
 async def _followed(

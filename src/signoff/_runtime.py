@@ -410,7 +410,10 @@ class Runtime(Cancelling):
         deadline leaves it: escalated to its group, or left out; so a page can come back short
         while `more` still says to read on. A mirror shows its subagent's request's votes,
         escalation and deadline, so a deadline passed there leaves it out or escalated too; and
-        so does a TTL passed by its subagent's session leave it out.
+        so does a TTL passed by its subagent's session leave it out. A listing of `expired`
+        requests records first the passed deadlines of the open ones it would list (those of
+        this runtime's agents), so it lists them as `state()` shows them; one of every status
+        (`status=None`) shows one it cannot record as `expired` (or escalated).
         """
         await self.open()
         if not isinstance(flt, PendingFilter):

@@ -14,7 +14,7 @@ from .._deadlines import is_due, summary_after_expiry
 from .._events import Event
 from .._exceptions import StoreDamaged, StoreError, StoreGone, UnknownRequest, UnknownSession
 from .._mirrors import followed_state
-from .._queue_page import counted_page, keyed_page
+from .._queue_page import counted_page, keyed_page, record_closed
 from .._request_session import session_of
 from .._runtime import Runtime
 from .._session_page import counted_sessions, freed_sessions
@@ -190,6 +190,7 @@ class ServerContext(OpenRequests, Callers):
         total = 0
         start, end = 0, None
         if flt.status != "pending":  # the newest closed ones: oldest first, as listed
+            await record_closed(self.runtime, flt, self.runtime.now())  # counted as expired
             end = await store.count_pending(flt)
             start = max(0, end - REQUEST_SCAN)
         # From `start` on by keyset: a request closing between two reads (its deadline applied
