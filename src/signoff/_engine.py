@@ -16,7 +16,7 @@ from ._agent import Agent
 from ._any_loop import AnyLoopLock
 from ._candidate_keys import closing_ends
 from ._counts import Counts
-from ._deadlines import records_expiry
+from ._deadlines import due_batch, records_expiry
 from ._events import Event, is_activity
 from ._exceptions import AppendConflict, LeaseLost, StoreError, history_lost, wrote_nothing
 from ._idempotency import sent_here
@@ -401,6 +401,8 @@ class Driver(ToolCalls, ModelStep):
                     await self.execute(ready)
                     continue
                 if any(c.status in ("requested", "awaiting", "asking", "proposed") for c in calls):
+                    if await self._past_deadlines():
+                        continue  # closed (or escalated): the calls go on as it decided
                     if turn.status != "waiting":
                         ids = [r.id for r in self.state.pending_requests()]
                         await self.record([("turn.waiting", {"on": "input", "request_ids": ids})])
@@ -416,6 +418,15 @@ class Driver(ToolCalls, ModelStep):
             if self._cancelled_elsewhere():
                 await self.reload()  # its span and the runtime's cache say the cancel
             return self.state
+
+    async def _past_deadlines(self) -> bool:
+        """Record, as the turn would park, the passed deadlines of its open requests (a slow
+        tool of the same response ran past one), as a sweep records them: it parked `waiting`
+        on a request no one could answer any more. Whether there were any."""
+        if due_batch(self.state, self.clock()) is None:
+            return False
+        await self.record(lambda st: due_batch(st, self.clock()) or Batch(specs=[]), durable=True)
+        return True
 
     def _cancelled_elsewhere(self) -> bool:
         """Whether the drive stopped on a cancel of its turn that another process recorded and
