@@ -337,36 +337,41 @@ async def test_one_continue_on_the_parent_raises_the_childs_budget_as_far_as_it_
     await rt.close()
 
 
-async def test_a_delegate_call_waits_for_a_child_driven_elsewhere(tmp_path: Path) -> None:
-    """The child's request is answered directly and its approved tool is still running when
-    the same answer comes through the parent: the parent's delegate call must wait for that
-    drive (longer than `lease_wait`) and return the child's text, not fail as busy, which told
-    the parent's model that a refund that ran had failed."""
-    entered = asyncio.Event()
-    release = asyncio.Event()
-    ran: list[str] = []
+class _SlowRefund:
+    """`support` delegating to `billing`, whose approved refund runs until `release` is set
+    (`entered` set as it starts); `after` answers with what the delegate call returned."""
 
-    @so.tool(approval=so.always())
-    async def issue_refund(order_id: str) -> str:
-        """Refund an order, slowly."""
-        entered.set()
-        await release.wait()
-        ran.append(order_id)
-        return "refunded"
+    def __init__(self) -> None:
+        self.entered, self.release = asyncio.Event(), asyncio.Event()
+        self.ran: list[str] = []
+        entered, release, ran = self.entered, self.release, self.ran
 
-    child = scripted_agent(
-        "billing",
-        [call_tools(call("issue_refund", order_id="1042")), reply("Refund done.")],
-        tools=[issue_refund],
-    )
-    after = Counted("unused")
-    after.capture.respond = lambda conv: reply(f"parent saw: {tool_results(conv)[-1].content}")
-    parent = scripted_agent(
-        "support",
-        [call_tools(call("billing", call_id="d1", message="Refund order 1042")), after],
-        tools=[so.delegate("billing")],
-    )
-    async with sqlite_runtime(tmp_path, parent, child, lease_wait=0.2) as rt:
+        @so.tool(approval=so.always())
+        async def issue_refund(order_id: str) -> str:
+            """Refund an order, slowly."""
+            entered.set()
+            await release.wait()
+            ran.append(order_id)
+            return "refunded"
+
+        self.child = scripted_agent(
+            "billing",
+            [call_tools(call("issue_refund", order_id="1042")), reply("Refund done.")],
+            tools=[issue_refund],
+        )
+        self.after = after = Counted("unused")
+        after.capture.respond = lambda conv: reply(f"parent saw: {tool_results(conv)[-1].content}")
+        self.parent = scripted_agent(
+            "support",
+            [call_tools(call("billing", call_id="d1", message="Refund order 1042")), after],
+            tools=[so.delegate("billing")],
+        )
+
+    async def answered_twice(
+        self, rt: so.Runtime
+    ) -> tuple[str, asyncio.Task[Any], asyncio.Task[Any]]:
+        """The parent's session; the child's approval answered directly, its refund running;
+        then the same answer given through the parent's mirror of it (both calls' tasks)."""
         r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
         [mirror] = r.pending
         assert mirror.child is not None
@@ -377,7 +382,7 @@ async def test_a_delegate_call_waits_for_a_child_driven_elsewhere(tmp_path: Path
                 principal=ALICE,
             )
         )
-        await entered.wait()
+        await self.entered.wait()
         through_parent = asyncio.create_task(
             rt.respond(
                 r.session_id,
@@ -385,15 +390,47 @@ async def test_a_delegate_call_waits_for_a_child_driven_elsewhere(tmp_path: Path
                 principal=ALICE,
             )
         )
-        await asyncio.sleep(0.6)  # past lease_wait, the child's tool still running
-        release.set()
-        done = await through_parent
+        return r.session_id, direct, through_parent
+
+    async def settled(self, rt: so.Runtime, session_id: str, direct: asyncio.Task[Any]) -> None:
+        """The child's drive ends, then the parent's turn, with its text; each tool ran once."""
         assert (await direct).status == "completed"
-        state = await rt.state(r.session_id)
+        state = await rt.state(session_id)
         assert state.turn is not None and state.turn.status == "completed"
         assert state.turn.text == "parent saw: Refund done."
+        assert self.ran == ["1042"] and self.after.calls == 1
+
+
+async def test_a_delegate_call_waits_for_a_child_driven_elsewhere(tmp_path: Path) -> None:
+    """The child's request is answered directly and its approved tool is still running when
+    the same answer comes through the parent: the parent's delegate call must not fail as busy
+    (which told the parent's model that a refund that ran had failed): its call waits
+    `lease_wait` for that drive, and the parent's turn gets the child's text."""
+    tree = _SlowRefund()
+    async with sqlite_runtime(tmp_path, tree.parent, tree.child, lease_wait=0.2) as rt:
+        sid, direct, through_parent = await tree.answered_twice(rt)
+        await asyncio.sleep(0.6)  # past lease_wait, the child's tool still running
+        tree.release.set()
+        done = await through_parent
+        await tree.settled(rt, sid, direct)
         assert done.outcomes[0].outcome == "approved"
-        assert ran == ["1042"] and after.calls == 1
+
+
+async def test_a_call_whose_delegate_call_waits_on_a_child_driven_elsewhere_honours_lease_wait(
+    tmp_path: Path,
+) -> None:
+    """The delegate call waited for as long as another drive held the child (a slow tool, a
+    store refusing its outcome): the call through the parent hung far past its `lease_wait`.
+    It answers `running` once that passed, recording nothing, and the parent's turn goes on
+    once the child's drive ends."""
+    tree = _SlowRefund()
+    async with sqlite_runtime(tmp_path, tree.parent, tree.child, lease_wait=0.2) as rt:
+        sid, direct, through_parent = await tree.answered_twice(rt)
+        done = await asyncio.wait_for(through_parent, 5)  # the child's tool still running
+        assert done.status == "running" and done.outcomes[0].outcome == "approved", done
+        assert tree.after.calls == 0 and not tree.ran
+        tree.release.set()
+        await tree.settled(rt, sid, direct)
 
 
 async def test_a_delegate_call_whose_parent_turn_was_replaced_records_nothing_into_the_new_one(

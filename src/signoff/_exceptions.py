@@ -40,6 +40,7 @@
         ├── StoreGone              the store's file (or schema) was deleted or replaced under it
         ├── AppendConflict         someone else appended to the session first
         ├── LeaseLost              our lease on the session was taken over
+        │   └── ChildHeld          internal: a call gave up on a subagent another drive holds
         ├── EventsRewritten        events a follower showed were lost and written anew
         ├── StoreUnavailable       the database server is down, unreachable or not answering
         └── StoreBusy              no free connection to the database in time; retry soon
@@ -461,6 +462,12 @@ class LeaseLost(StoreError):
     worker, or given up just before it lapsed, no renewal getting through."""
 
     code = "lease_lost"
+
+
+class ChildHeld(LeaseLost):
+    """A call's delegate call gave up waiting (`lease_wait`) for its subagent's session, which
+    another drive holds: the parent's drive stops as if another held the parent's turn (the
+    call answers `running`), recording nothing; never raised to a caller."""
 
 
 class EventsRewritten(StoreError):

@@ -9,14 +9,14 @@ import contextlib
 import contextvars
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from ._child_closes import parents_to_claims
 from ._exceptions import SessionExpired, StoreDamaged, StoreError, StoreGone, UnknownSession
 from ._sweeping import Sweeps
 from ._sync import UNWIND
 
-__all__ = ["KEPT_RETRY", "RECORD_KEPT_WITHIN", "KeptOutcomes"]
+__all__ = ["KEPT_RETRY", "RECORD_KEPT_WITHIN", "KeptOutcomes", "worker_drive"]
 
 log = logging.getLogger("signoff.worker")
 _inline_log = logging.getLogger("signoff.runtime")  # an inline drive's outcomes: not a worker's
@@ -35,8 +35,54 @@ another worker may take first, running the calls again with the same idempotency
 runtime's `close` gives the outcomes its inline drives kept as long (`_record_before_close`)."""
 
 
+_worker: contextvars.ContextVar[tuple[Callable[[], bool], list[str]] | None] = (
+    contextvars.ContextVar("signoff_worker_drive", default=None)
+)
+"""A worker's `stopping` and `unsaved` (`_record_kept`'s), within its drive (`worker_drive`)."""
+
+
+@contextlib.contextmanager
+def worker_drive(stopping: Callable[[], bool], unsaved: list[str]) -> Iterator[None]:
+    """Within, a worker drives a session it claimed, the tasks it starts (its tools') included:
+    a subagent's outcomes the store refused are recorded in its drive, with its stop
+    (`KeptOutcomes._kept_child`)."""
+    reset = _worker.set((stopping, unsaved))
+    try:
+        yield
+    finally:
+        _worker.reset(reset)
+
+
 class KeptOutcomes(Sweeps):
     """Records the outcomes kept in memory under the session's lease; `Workers` builds on it."""
+
+    def _in_worker_drive(self) -> bool:
+        """Whether this runs within a worker's drive (`worker_drive`), not a call's."""
+        return _worker.get() is not None
+
+    async def _kept_child(self, child: str, parent: str) -> bool:
+        """A delegate call's subagent `child` kept its lease, owing outcomes the store refused:
+        whether they were recorded, to drive the child again. A worker's drive (`worker_drive`)
+        records them itself, with its stop (`_record_kept`), holding the parent's lease as it
+        goes (its lease given back if it gives up); a call's fails at once, and they are
+        recorded in the background, the parent's lease kept meanwhile (`_record_owed`)."""
+        worker = _worker.get()
+        if worker is None:
+            self._record_owed(child, parent)
+            return False
+        stopping, unsaved = worker
+        given_up = len(unsaved)
+        owner = self._kept_on_error[child][0]
+        lapsed = child in self._kept_lapsing
+        await self._record_kept(child, owner, unsaved, stopping, lapsed=lapsed)
+        if len(unsaved) == given_up:
+            return True
+        kept = self._kept_on_error.pop(child, None)
+        self._kept_lapsing.discard(child)
+        if kept is not None:
+            with contextlib.suppress(StoreError):  # kept in `_unreleased` for later
+                await self._release(child, *kept)
+        return False
 
     def _record_owed(self, session_id: str, parent: str | None = None) -> None:
         """Record, in the background, the outcomes the store refused to an inline drive of the
@@ -84,28 +130,59 @@ class KeptOutcomes(Sweeps):
         """For a drive that kept its lease while subagents it delegated to owe outcomes: once
         their recordings end, go on with its turn under that lease, as its call would have.
         Returns the owner the lease is kept under, if kept (a drive failing again)."""
-        while below := self._owed_below(session_id):
-            await asyncio.wait(below)
-            if self._closing:  # given up at `close`: its lease is given back, no drive begun
-                return owner
-            owner = self._kept_on_error.pop(session_id, (owner, 0))[0]
-            self._kept_lapsing.discard(session_id)
-            self._driving[session_id] += 1
-            try:
-                token = await self._try_acquire(session_id, owner)  # ours: taken again
-                if token is None:  # lapsed, and another drive took it
+        self._driving[session_id] += 1  # this process's claims and sweeps leave it alone
+        try:
+            while below := self._owed_below(session_id):
+                await self._keep_while(session_id, below)
+                if self._closing:  # given up at `close`: its lease is given back, no drive begun
                     return owner
-                await self._drive(session_id, claimed=(owner, token))
-            except StoreError as exc:  # kept if a subagent owes again (`_record_kept` else)
-                _inline_log.warning("session %s: the store failed the turn: %s", session_id, exc)
-            except Exception as exc:
-                _inline_log.warning("session %s: its turn did not go on: %s", session_id, exc)
-                return owner
-            finally:
-                self._let_go(session_id, owner)
-                self._undrive(session_id)
-            owner = self._kept_on_error.get(session_id, (owner, 0))[0]
-        return owner
+                kept = self._kept_on_error.pop(session_id, None)
+                owner = owner if kept is None else kept[0]
+                self._kept_lapsing.discard(session_id)
+                try:
+                    token = await self._try_acquire(session_id, owner)  # ours: taken again
+                except StoreError as exc:  # given back as kept (`_record_inline`), not to lapse
+                    if kept is not None:
+                        self._kept_on_error[session_id] = kept
+                    _inline_log.warning("session %s: its turn did not go on: %s", session_id, exc)
+                    return owner
+                if token is None:  # lapsed, and another drive took it
+                    self._let_go(session_id, owner)
+                    return owner
+                try:
+                    await self._drive(session_id, claimed=(owner, token))
+                except StoreError as exc:  # kept if a subagent owes again (`_record_kept` else)
+                    _inline_log.warning(
+                        "session %s: the store failed the turn: %s", session_id, exc
+                    )
+                except Exception:
+                    _inline_log.exception("session %s: its turn did not go on", session_id)
+                    return owner
+                finally:
+                    self._let_go(session_id, owner)
+                owner = self._kept_on_error.get(session_id, (owner, 0))[0]
+            return owner
+        finally:
+            self._undrive(session_id)
+
+    async def _keep_while(self, session_id: str, below: list[asyncio.Task[None]]) -> None:
+        """Wait for the recordings `below`, taking the session's kept lease again before it
+        lapses (nothing else renews it meanwhile): else another process resumes the turn, and
+        its delegate call waits on the subagent whose outcome is being recorded."""
+        while True:
+            _, left = await asyncio.wait(below, timeout=min(KEPT_RETRY, self.lease_ttl / 3))
+            kept = self._kept_on_error.get(session_id)
+            if not left or self._closing:
+                return
+            if kept is None:  # not kept (a bug): nothing to take again
+                continue
+            owner = kept[0]
+            with contextlib.suppress(StoreError):  # tried again at the next wait
+                token = await self._try_acquire(session_id, owner)
+                if token is not None:
+                    self._let_go(session_id, owner)
+                    self._kept_on_error[session_id] = (owner, token)
+                    self._kept_lapsing.discard(session_id)
 
     def _owes(self, session_id: str, task: asyncio.Task[None]) -> bool:
         """Whether a recorder still runs with outcomes of its session unrecorded."""
@@ -119,18 +196,21 @@ class KeptOutcomes(Sweeps):
         drive that goes on with the turn) is stopped, as a call is, and so is another loop's."""
         loop = asyncio.get_running_loop()
         recorders = dict(self._recorders)
-        mine = [t for t in recorders.values() if t.get_loop() is loop]
-        late: set[asyncio.Task[None]] = set()
-        if mine:  # each notices the close within a wait between tries, then gives up in time
-            deadline = loop.time() + RECORD_KEPT_WITHIN + 2 * KEPT_RETRY
-            # Waited for only while it owes: one that recorded what it owed and went on with
-            # the turn (a model step, a slow tool) is stopped at once, as a call is.
-            while owing := [t for s, t in recorders.items() if t in mine and self._owes(s, t)]:
-                left = deadline - loop.time()
-                if left <= 0:
-                    break
-                await asyncio.wait(owing, timeout=min(left, 0.05))
-            late = {t for t in mine if not t.done()}
+        deadline = loop.time() + RECORD_KEPT_WITHIN + 2 * KEPT_RETRY
+        # Each notices the close within a wait between tries, then gives up in time. Waited
+        # for only while it owes: one that recorded what it owed and went on with the turn (a
+        # model step, a slow tool) is stopped at once, as a call is. One a drive of theirs
+        # started meanwhile (a subagent's outcome refused) is waited for too.
+        while owing := [
+            t for s, t in recorders.items() if t.get_loop() is loop and self._owes(s, t)
+        ]:
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            await asyncio.wait(owing, timeout=min(left, 0.05))
+            recorders.update(self._recorders)
+        recorders.update(self._recorders)
+        late = {t for t in recorders.values() if t.get_loop() is loop and not t.done()}
         for task in recorders.values():
             if task in late:
                 task.cancel()
@@ -218,7 +298,10 @@ class KeptOutcomes(Sweeps):
                     if token is None:  # another drive holds it: one here records them too
                         why = "another drive holds the session's lease"
                     else:
-                        with contextlib.nullcontext() if inline else parents_to_claims():
+                        with (
+                            contextlib.nullcontext() if inline else parents_to_claims(),
+                            contextlib.nullcontext() if inline else worker_drive(stopping, unsaved),
+                        ):
                             result = await self._drive(
                                 session_id, claimed=(owner, token), stopping=stopping
                             )

@@ -11,7 +11,7 @@ from ._cancellation import stop_calls
 from ._child_sessions import cancel_orphan, child_id, delegating, first_turn
 from ._creation import turn_events
 from ._events import Event
-from ._exceptions import SessionExpired, StoreError
+from ._exceptions import ChildHeld, SessionExpired, StoreError
 from ._prompts import check_prompt
 from ._recording import new_id, runnable, stored_status
 from ._results import GenerateResult
@@ -162,11 +162,15 @@ class RuntimeHost:
             return  # another drive took the turn over: its replay reuses the child
         await self.start_child(child, message, principal, source)
 
-    async def drive_child(self, child: str, agent: str) -> GenerateResult:
-        """Run the child's turn (of `agent`) here, even under workers, until it ends or waits.
+    async def drive_child(self, child: str, agent: str, parent: str) -> GenerateResult:
+        """Run the child's turn (of `agent`, delegated to by `parent`) here, even under workers,
+        until it ends or waits.
 
-        While another drive holds the child (an answer given to it directly, a worker), this
-        waits for that drive to end: the child's result is this call's, never a busy error.
+        While another drive holds the child (an answer given to it directly, a worker), a
+        worker's drive waits for that drive to end: the child's result is this call's, never a
+        busy error. A call's drive waits `lease_wait`, as for its own session, then stops,
+        recording nothing (`ChildHeld`): its call answers `running`, and the parent's next drive
+        takes the child's result.
         """
         rt = self.runtime
         ended = await self._delegated_turn(child)
@@ -181,6 +185,8 @@ class RuntimeHost:
                 state = await rt._state(child)
                 if not runnable(state):  # the other drive ended or parked the turn
                     return await self._delegated_turn(child) or rt._result(state)
+                if not rt._in_worker_drive():
+                    raise ChildHeld(f"the subagent's session {child!r} is driven elsewhere")
                 token = await rt._acquire(child, owner)
             reset = delegating.set(delegating.get() | {child})
             try:
@@ -188,10 +194,10 @@ class RuntimeHost:
             except StoreError:
                 if child in rt._kept_on_error and rt._owes_any(child):
                     # The store refused a tool's outcome, kept here: the child's lease is kept
-                    # while it is recorded in the background, so no other process runs it again
-                    # (and the parent's drive keeps its own: `_owed_below`).
-                    cached = rt._cache.get(child)
-                    rt._record_owed(child, None if cached is None else cached.parent)
+                    # while it is recorded, so no other process runs it again, and so is the
+                    # parent's; in a worker's drive, here (then the child is driven again).
+                    if await rt._kept_child(child, parent):
+                        continue
                     raise
                 # A worker's failed drive keeps its lease until it lapses; this one is given
                 # back (or kept to give back first here), so a retry of the parent need not

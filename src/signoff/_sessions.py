@@ -11,10 +11,18 @@ from functools import partial
 
 from . import _creation
 from ._agent import Agent
+from ._child_closes import delegating
 from ._dropped_keys import sent_before
 from ._engine import Driver
 from ._events import Event
-from ._exceptions import LeaseLost, PartialAnswer, SessionBusy, SessionExpired, StoreError
+from ._exceptions import (
+    ChildHeld,
+    LeaseLost,
+    PartialAnswer,
+    SessionBusy,
+    SessionExpired,
+    StoreError,
+)
 from ._idempotency import Keyed
 from ._leasing import lost_line
 from ._message_places import InTurn, Went, queued_last
@@ -312,7 +320,7 @@ class SessionRunner(TurnLeases):
                 renew = asyncio.create_task(self._renew(session_id, owner, token, renewing, held))
                 driver: Driver | None = None
                 failed = True
-                lost = cancelled = expired = False
+                lost = cancelled = expired = elsewhere = False
                 try:
                     # An expiry it records names the span and says how it left the turn.
                     state = await self._checked(
@@ -339,6 +347,13 @@ class SessionRunner(TurnLeases):
                     driver.stopping = stopping
                     state = await driver.drive(retry=retry)
                     failed = False
+                except ChildHeld as exc:
+                    span.fail(exc)
+                    # A subagent's: its parent's drive stops too. One owing outcomes keeps its
+                    # lease to record them, as for any failure.
+                    if session_id in delegating.get() or self._unrecorded.of(session_id):
+                        raise
+                    elsewhere = True  # its subagent is driven elsewhere: the call waited enough
                 except LeaseLost as exc:
                     # It stalled past its lease, or its renewals found it taken over or could not
                     # get through before it lapsed (its tool body is cancelled then): another
@@ -380,7 +395,7 @@ class SessionRunner(TurnLeases):
                         self._remember(driver.state)
                     if driver is not None and driver.released:
                         pass
-                    elif cancelled or expired:
+                    elif cancelled or expired or elsewhere:
                         with contextlib.suppress(StoreError):  # kept in `_unreleased` for later
                             await self._release(session_id, owner, token)
                     elif not (failed and (keep_on_error or self._owes_any(session_id))):
@@ -401,7 +416,7 @@ class SessionRunner(TurnLeases):
                     state = driver.state
                 else:
                     state = await self._state(session_id)
-                if lost or (stopping is not None and stopping()):
+                if lost or elsewhere or (stopping is not None and stopping()):
                     return await self._driven_elsewhere(state, began, own, answered, outcomes)
                 if not runnable(state):
                     ended = await ended_under(self.store, state, began, own, answered)
@@ -445,6 +460,17 @@ class SessionRunner(TurnLeases):
         session (a subagent's, of `parent`), which kept its lease for that, so no other process
         runs those tools again (`Workers` does, as a worker records its own). A bare runner
         leaves the lease to lapse."""
+
+    async def _kept_child(self, child: str, parent: str) -> bool:
+        """Whether the outcomes the store refused to the drive of a delegate call's subagent,
+        which kept its lease, were recorded, to drive it again: no, they are recorded in the
+        background (`_record_owed`); a worker's drive records them itself (`KeptOutcomes`)."""
+        self._record_owed(child, parent)
+        return False
+
+    def _in_worker_drive(self) -> bool:
+        """Whether this runs within a worker's drive, not a call's (`KeptOutcomes`)."""
+        return False
 
     def _owed_below(self, session_id: str) -> list[asyncio.Task[None]]:
         """The background recordings still running of subagents the session's drive delegated

@@ -335,7 +335,7 @@ async def _driven(
     while the child's turn runs: its turn is then cancelled, as a steer cancels a waiting
     child (its tool sees its own abort signal), and the call's result is `_interrupted`'s once
     this drive of the child has stopped (at its next record)."""
-    drive = asyncio.ensure_future(host.drive_child(child, agent))
+    drive = asyncio.ensure_future(host.drive_child(child, agent, journal.session_id))
     aborted = asyncio.ensure_future(abort.wait())
     try:
         await asyncio.wait({drive, aborted}, return_when=asyncio.FIRST_COMPLETED)

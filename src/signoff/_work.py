@@ -18,7 +18,7 @@ from ._exceptions import (
     UnknownSession,
     UsageError,
 )
-from ._kept_outcomes import KeptOutcomes
+from ._kept_outcomes import KeptOutcomes, worker_drive
 from ._leasing import lost_line
 from ._settings import seconds, whole
 from ._turn_leases import to_claims
@@ -347,10 +347,12 @@ class Workers(KeptOutcomes):
         on is left to the claims, stopping or not). A drive the store failed has its lease given
         back by `give_backs`, if given, unless this runtime keeps outcomes of the session the
         store refused: it keeps the lease and records them (`_record_kept`), naming in `unsaved`
-        those it could not (given back, another worker would run them again)."""
+        those it could not (given back, another worker would run them again). A subagent's it
+        delegated to are recorded so within the drive, its lease held (`worker_drive`)."""
         lost: list[int] = []
         try:
-            with parents_to_claims():
+            kept = [] if unsaved is None else unsaved
+            with parents_to_claims(), worker_drive(stopping or _running, kept):
                 result = await self._drive(
                     session_id, claimed=(owner, token), on_lost=lost.append, stopping=stopping
                 )
