@@ -34,6 +34,7 @@ from ._live_session import LiveSession
 from ._payloads import RemoteResult, decision_body, encode, input_responses, response_body
 from ._prompts import check_prompt
 from ._remote_events import remote_events, too_large
+from ._server_clock import ServerClock
 from ._session_cache import check_agent_name
 from ._settings import check_page, finite, flag, seconds, whole
 from ._text import is_utf8
@@ -180,7 +181,10 @@ class AsyncClient:
         if token:
             headers["Authorization"] = f"Bearer {token}"
 
+        self._clock = clock = ServerClock()
+
         async def cap_replies(response: httpx.Response) -> None:
+            clock.seen(response.headers)  # the server's time, as each answer arrives
             cap_reply(response, cap, ReplyTooLarge, streams=True)
 
         self.http = httpx.AsyncClient(
@@ -211,6 +215,13 @@ class AsyncClient:
                 await self.http.aclose()
             return
         await self.http.aclose()
+
+    def server_time(self) -> float:
+        """The server's time now, as its answers so far give it (`X-Signoff-Time`, else `Date`),
+        in seconds since the epoch: its runtime's clock (`Runtime.now`), not this machine's,
+        which may be off it. Before any answer (or from a server giving neither), this
+        machine's clock."""
+        return self._clock.now()
 
     async def _pause(self, seconds: float) -> None:
         """Wait `seconds` before a stream's next try, or until the client closes, which raises
@@ -531,7 +542,8 @@ class AsyncClient:
                 yield event
 
     async def session(self, session_id: str) -> LiveSession:
-        """A `LiveSession` caught up with the session's events."""
+        """A `LiveSession` caught up with the session's events, judging deadlines and TTLs by
+        the server's time (`server_time`)."""
         live = LiveSession(self, session_id)
         await live.sync()
         return live

@@ -51,7 +51,7 @@ def lost_line(session_id: str, token: int) -> str:
     )
 
 
-def _awake_clock() -> Callable[[], float]:
+def awake_clock() -> Callable[[], float]:
     """A clock that never steps, yet counts the time the machine was suspended: leases went on
     lapsing meanwhile. `time.monotonic()` stops during a suspend on Linux and macOS, so a process
     resumed after an hour would time its leases an hour behind the database's clock: the ones it
@@ -63,7 +63,7 @@ def _awake_clock() -> Callable[[], float]:
     return time.monotonic
 
 
-_AWAKE = _awake_clock()
+_AWAKE = awake_clock()
 
 LEASE_TTL_MIN = 0.1
 """The shortest lease TTL, in seconds. A drive renews its lease every third of the TTL and gives

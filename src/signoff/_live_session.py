@@ -1,7 +1,7 @@
 """`LiveSession`, the client-side reducer: it folds a session's stream into its requests; an
 answer it submits marks the request `responded` until the stream confirms it, and answering a
-request that is no longer open fails locally, the answer not sent (one not read yet is read
-first).
+request the stream recorded closed fails locally, the answer not sent (one not read yet is read
+first). Time is the server's (`AsyncClient.server_time`), the machine's clock may be off it.
 
 It reads and answers through any `SessionRemote` (`AsyncClient` is the one), so this module
 needs nothing of the client's and the client can make a `LiveSession` with no import cycle.
@@ -68,14 +68,20 @@ class LiveSession:
     of the request it stands for, read from the subagent's session (`children`), whose stream
     records them: this session's never does. A request whose deadline passed by `clock` shows
     as that leaves it before the stream records it: escalated, or closed as `expired`; so do
-    all once the session's TTL passed (from its last activity, as the server counts it)."""
+    all once the session's TTL passed (from its last activity, as the server counts it).
+
+    `clock` is the server's time: by default the client's reckoning of it (`server_time`, an
+    `AsyncClient`'s; else this machine's clock), which an answer to a request it alone shows
+    closed does not overrule: the answer is sent, for the server to judge. A `clock` given is
+    taken to be the server's own (a test's `ManualClock`, shared with the runtime), and such
+    an answer is refused here, as the server would."""
 
     client: SessionRemote
     session_id: str
     seq: int = 0
     requests: dict[str, RequestView] = field(default_factory=dict)
     children: dict[str, LiveSession] = field(default_factory=dict, repr=False)
-    clock: Callable[[], float] = field(default=time.time, repr=False)
+    clock: Callable[[], float] | None = field(default=None, repr=False)
     # The session's TTL and last activity's time (read from its stream, as the server's fold
     # reads them), and whether its expiry is recorded.
     _ttl: float | None = field(default=None, init=False, repr=False)
@@ -225,6 +231,13 @@ class LiveSession:
         last = self._last
         return last if last is not None and last.seq == self.seq else None
 
+    def _now(self) -> float:
+        """The time `clock` says, or by default the server's, as the client reckons it."""
+        if self.clock is not None:
+            return self.clock()
+        server_time = getattr(self.client, "server_time", None)
+        return float(server_time()) if callable(server_time) else time.time()
+
     def _expired(self, now: float) -> bool:
         """Whether the session's TTL passed by `now`, or its expiry is recorded."""
         if self._lapsed:
@@ -242,7 +255,7 @@ class LiveSession:
         """Show each request as it stands now (`_shown`), its subagents' sessions' first; or,
         given the requests an event `touched`, those alone (their subagents' first), unless
         what passed since the last such showing (a deadline, the TTL) may show others anew."""
-        now = self.clock()
+        now = self._now()
         lapsed = self._expired(now)
         whole = touched is None or now >= self._due or lapsed != self._shown_lapsed
         if whole:
@@ -374,19 +387,23 @@ class LiveSession:
     async def respond(self, responses: Sequence[InputResponse | Mapping[str, Any]]) -> RemoteResult:
         """Answer requests; a request that is no longer open fails here, the answer not sent
         (one shown closed only by what passed since it was read, or not read yet, once the
-        stream is read again)."""
+        stream is read again). One shown closed only by the time passing since the stream
+        recorded it (a deadline, the TTL, its subagent's) is sent all the same unless `clock`
+        was given: the server's clock judges it, not the client's reckoning of it."""
         answers = input_responses(responses)
         self._refresh()
         if self._overtaken(answers):
             await self.sync()  # shown closed or unread as far as read: the sessions went on
-        if self._expired(self.clock()):  # as the server does, but for a turn a live drive runs on
+        judged = self.clock is not None  # the server's own clock: refused here, as it would be
+        if self._lapsed or (judged and self._expired(self._now())):
+            # as the server does, but for a turn a live drive runs on
             left = [i for i, r in self._recorded.items() if r.status in ("pending", "responded")]
             raise errors.SessionExpired(self.session_id, left)
         for a in answers:
-            view = self.requests.get(a.request_id)
-            if view is None:
+            view, recorded = self.requests.get(a.request_id), self._recorded.get(a.request_id)
+            if view is None or recorded is None:
                 raise errors.UnknownRequest(self.session_id, [a.request_id])
-            if view.status != "pending":
+            if view.status != "pending" and (judged or self._closed_by_record(recorded)):
                 told = closed_text(view.request, view.status, view.outcome, view.on_timeout)
                 raise errors.RequestClosed(told, [a.request_id])
         for a in answers:
@@ -415,13 +432,27 @@ class LiveSession:
         """Whether the session, or a request answered, shows closed by what passed since it
         was read (a TTL, a deadline, its subagent's), with nothing recorded that says so; or a
         request answered was not read: asked since, it is open on the server."""
-        if self._expired(self.clock()) and not self._lapsed:
+        if self._expired(self._now()) and not self._lapsed:
             return True
         for a in answers:
             view, recorded = self.requests.get(a.request_id), self._recorded.get(a.request_id)
             if view is None or recorded is None or view.status != recorded.status:
                 return True
         return False
+
+    def _closed_by_record(self, recorded: _Recorded) -> bool:
+        """Whether a request is not open by what a stream recorded (or this session sent), not
+        only by the time passing since: its own, or a mirror's, its subagent's request's."""
+        if recorded.status != "pending":
+            return True
+        ref = recorded.request.child
+        child = None if ref is None else self.children.get(ref.session_id)
+        theirs = None if ref is None or child is None else child._recorded.get(ref.request_id)
+        return (
+            child is not None
+            and theirs is not None
+            and (child._lapsed or child._closed_by_record(theirs))
+        )
 
     def _mark(self, request_id: str, was: str, status: str) -> None:
         """Mark a request `status` if the stream left it `was` (it may have closed it)."""

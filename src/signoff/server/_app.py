@@ -40,7 +40,7 @@ from ._dashboard import SignIn
 from ._dashboard import router as dashboard_router
 from ._errors import ApiError, add_error_body, error_response, install_error_handlers
 from ._head import HeadAsGet
-from ._headers import SecurityHeaders
+from ._headers import SecurityHeaders, ServerTime
 from ._health import router as health_router
 from ._limits import BodyLimit, OneFraming
 from ._links import add_links
@@ -366,6 +366,7 @@ def create_app(
     app.add_middleware(BodyLimit, max_bytes=max_body_size)
     app.add_middleware(OneFraming)
     app.add_middleware(SecurityHeaders)
+    app.add_middleware(ServerTime, now=runtime.now)
     if metrics:  # inside `HeadAsGet`, whose copy of a HEAD's scope gets the route it runs
         app.state.signoff_metrics = Scraping(context, metrics_token)
         app.add_middleware(Observed, exporter=app.state.signoff_metrics.exporter)

@@ -44,7 +44,7 @@ from .._exceptions import (
     UsageError,
 )
 from ._head import allowed, with_head
-from ._headers import add_security_headers
+from ._headers import add_security_headers, add_server_time
 from ._json_response import JSONText
 
 __all__ = [
@@ -295,11 +295,14 @@ def install_error_handlers(app: FastAPI) -> None:
     async def on_bug(request: Request, exc: Exception) -> JSONResponse:
         # Not a client mistake: the server failed. Say so in the usual shape; the traceback is
         # logged by the server. Starlette sends this response from outside every middleware of
-        # the app, `SecurityHeaders` too, so it gets their headers here.
+        # the app, `SecurityHeaders` and `ServerTime` too, so it gets their headers here.
         response = error_response(
             500, "internal_error", f"the server failed: {type(exc).__name__}; see its log"
         )
         add_security_headers(response.headers, request.url.path)
+        context = getattr(request.app.state, "signoff", None)
+        if context is not None:
+            add_server_time(response.headers, context.runtime.now)
         return response
 
     async def on_gone(request: Request, exc: Exception) -> JSONResponse:
