@@ -7,15 +7,20 @@ while the log kept the model's input as the call's."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import itertools
+import threading
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import pydantic
 import pytest
 
 import signoff as so
+from signoff._approval import SessionAuth, SessionInfo
 from signoff._policy_inputs import typed_input
+from signoff._verdicts import strictest
 from signoff.testing import ExecutionLog, call, call_tools, reply, scripted_agent
 
 ALICE = so.Principal(authenticator="sso", principal_id="alice")
@@ -172,3 +177,158 @@ def test_input_that_does_not_validate_is_read_as_a_copy() -> None:
     read = typed_input(pay, given)
     assert read == given
     assert read is not given and read["amounts"] is not given["amounts"]
+
+
+class Noting(so.Guardrail):
+    """Notes the input it reads, and leaves the call to the tool's policy."""
+
+    def __init__(self) -> None:
+        self.read: list[Any] = []
+
+    async def decide(self, ctx: so.ApprovalContext) -> so.Verdict | None:
+        self.read.append(ctx.tool_input)
+        return None
+
+
+async def test_a_default_factory_id_is_the_one_the_request_and_the_body_have(
+    store_url: str,
+) -> None:
+    """Each reader had input validated anew, so each got a `default_factory` id of its own: a
+    policy looking the operation up by its id, or logging it, named one the request, its hash
+    and the body never had. A copy keeps the id validation filled in."""
+    ids = (f"op{n}" for n in itertools.count())
+    read: list[str] = []
+
+    def noting(input: Any) -> bool:
+        read.append(input.op_id)
+        return True
+
+    log = ExecutionLog()
+
+    @log.tool(approval=noting)
+    async def pay(
+        amount: float, op_id: str = pydantic.Field(default_factory=lambda: next(ids))
+    ) -> str:
+        """Pay once per operation id."""
+        return f"paid {amount} as {op_id}"
+
+    guard = Noting()
+    script = [call_tools(call("pay", amount=5.0)), reply("done")]
+    agent = scripted_agent("ops", script, tools=[pay], guardrails=[guard])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("ops", prompt="go", auth=ALICE)
+        [req] = r.pending
+        op_id = req.input["op_id"]
+        assert req.action is not None
+        bound = so.Action.of(req.action.call_id, "pay", {"amount": 5.0, "op_id": op_id})
+        assert req.action.input_hash == bound.input_hash
+        approve = so.InputResponse(request_id=req.id, option_id="approve")
+        r = await rt.respond(r.session_id, [approve], principal=ALICE)
+        assert r.status == "completed", r
+    assert read == [op_id]
+    assert [g.op_id for g in guard.read] == [op_id, op_id]  # proposed, and as it starts
+    assert [e.input for e in log.executions] == [{"amount": 5.0, "op_id": op_id}]
+
+
+USED: list[str] = []
+"""The nonces `Nonce` was asked to validate, one for each run of its validator."""
+
+
+class Nonce(pydantic.BaseModel):
+    """A nonce whose validator notes each run, and refuses a second use of a nonce."""
+
+    n: str
+
+    @pydantic.field_validator("n")
+    @classmethod
+    def used_once(cls, n: str) -> str:
+        USED.append(n)
+        if USED.count(n) > 1:
+            raise ValueError("nonce already used")
+        return n
+
+
+async def test_a_predicate_and_two_guardrails_run_the_validators_once(tmp_path: Path) -> None:
+    """Validated anew for each reader, the input's validators ran for the call and again for
+    each of its three readers (a slow one four times its cost), and one refusing a second use
+    of a value failed the policy's reading: it got a dict, failed and asked a person. A copy
+    runs none."""
+    USED.clear()
+    read: list[str] = []
+
+    def bad(input: Any) -> bool:
+        read.append(input.nonce.n)
+        return bool(input.nonce.n == "bad")
+
+    first, second = Noting(), Noting()
+    log = ExecutionLog()
+
+    @log.tool(approval=bad)
+    async def redeem(nonce: Nonce) -> str:
+        """Redeem a nonce."""
+        return f"redeemed {nonce.n}"
+
+    script = [call_tools(call("redeem", nonce={"n": "x"})), reply("done")]
+    agent = scripted_agent("ops", script, tools=[redeem], guardrails=[first, second])
+    store = f"sqlite:///{tmp_path / 'state.db'}"
+    async with so.Runtime([agent], store=store) as rt:
+        r = await rt.generate("ops", prompt="go", auth=ALICE)
+        assert r.status == "completed", r
+    assert USED == ["x"]  # validated once, for the call
+    assert read == ["x"]
+    assert [g.nonce.n for g in first.read] == [g.nonce.n for g in second.read] == ["x"]
+    assert [e.input for e in log.executions] == [{"nonce": {"n": "x"}}]
+
+
+async def test_a_decide_set_on_a_helpers_instance_reads_a_copy(store_url: str) -> None:
+    """`always()` reads no input, so it was handed the call's own; the check was of its class's
+    `decide`, not of the one that runs: one set on the instance sorted what the body ran."""
+
+    async def sorting(ctx: so.ApprovalContext) -> so.Verdict:
+        ctx.tool_input.amounts.sort(reverse=True)
+        return so.Verdict("run")
+
+    policy = so.always()
+    policy.decide = sorting  # type: ignore[method-assign]
+    log = ExecutionLog()
+    async with so.Runtime([payer(log, policy, [])], store=store_url) as rt:
+        r = await rt.generate("ops", prompt="go", auth=ALICE)
+        assert r.status == "completed", r
+    assert [e.input for e in log.executions] == [PAY]
+
+
+class Handle:
+    """What a validator makes of a name: it holds a lock, which a deep copy refuses."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.lock = threading.Lock()
+
+
+async def test_input_a_deep_copy_refuses_is_validated_anew_for_a_reader() -> None:
+    """The policy reads input of its own all the same, made by validating the raw input."""
+
+    @so.tool(approval=lambda input: input.handle.name == "prod")
+    async def open_(handle: Annotated[Any, pydantic.AfterValidator(Handle)]) -> str:
+        """Open a handle."""
+        return "opened"
+
+    validated: Any = open_.validate({"handle": "dev"})
+    with pytest.raises(TypeError):
+        copy.deepcopy(validated)
+    guard = Noting()
+    ctx = so.ApprovalContext(
+        session=SessionInfo(
+            id="s", agent="a", turn="t", auth=SessionAuth(current=None, initiator=None)
+        ),
+        tool_name=open_.name,
+        tool_input=validated,
+        approved_tools=frozenset(),
+        call_id="c",
+        abort_signal=asyncio.Event(),
+    )
+    verdict = await strictest(open_, ctx, [guard], {"handle": "dev"})
+    assert verdict.action == "run"
+    [seen] = guard.read
+    assert isinstance(seen.handle, Handle) and seen.handle.name == "dev"
+    assert seen is not validated and seen.handle is not validated.handle

@@ -6,6 +6,7 @@ input of its own, so that what one changes reaches neither the next, the request
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 from collections.abc import Sequence
 from typing import Any
@@ -35,8 +36,9 @@ __all__ = ["still_allowed", "strictest"]
 async def strictest(
     tool: Tool, ctx: ApprovalContext, guardrails: Sequence[Guardrail], raw: Any
 ) -> Verdict:
-    """The strictest of the tool's policy and `guardrails`: deny > ask > run. `raw` is the
-    input `ctx.tool_input` was validated from, validated anew for each of them (`_own_input`)."""
+    """The strictest of the tool's policy and `guardrails`: deny > ask > run. Each reads a copy
+    of `ctx.tool_input` (`_own_input`); `raw`, the input it was validated from, is validated anew
+    for one where it cannot be copied so."""
     # A `decide` of a subclass's own may be a plain method (the docs say it returns a verdict):
     # awaited as it was, its deny asked a person instead, with a TypeError for the reason. It
     # runs in a thread, as a plain policy function does, so one that blocks stops no renewal.
@@ -119,18 +121,32 @@ async def _guardrails(
 def _own_input(
     tool: Tool, ctx: ApprovalContext, raw: Any, reader: ApprovalPolicy | Guardrail
 ) -> ApprovalContext:
-    """`ctx` with input of `reader`'s own, `raw` validated anew: one changing the input in
-    place (a predicate's `input.amounts.sort()` to read the largest) changed what the next
-    reader, the request a person approves and the body got, and reading a lazy one used up its
-    iterators. signoff's helpers that decide by the tool's name alone (`_BLIND`) read none."""
-    if type(reader).decide in _BLIND:
+    """`ctx` with input of `reader`'s own: one changing the input in place (a predicate's
+    `input.amounts.sort()` to read the largest) changed what the next reader, the request a
+    person approves and the body got. signoff's helpers that decide by the tool's name alone
+    (`_BLIND`) read none; the `decide` that will run is looked at (one set on the instance too)."""
+    if getattr(reader.decide, "__func__", None) in _BLIND:
         return ctx
-    return dataclasses.replace(ctx, tool_input=typed_input(tool, raw))
+    return dataclasses.replace(ctx, tool_input=_input_copy(tool, ctx.tool_input, raw))
+
+
+def _input_copy(tool: Tool, validated: Any, raw: Any) -> Any:
+    """A deep copy of `validated`, which keeps what validation filled in (a `default_factory`'s
+    id, as the request and the body have it) and runs no validator again; `raw` validated anew
+    where the input is lazy (reading it uses up its iterators, which a copy would share or
+    consume) or cannot be deep copied (an object of a Python caller's that refuses it)."""
+    if not tool.holds_lazy(validated):  # an `Iterable` parameter's, or a validator's
+        try:
+            return copy.deepcopy(validated)
+        except Exception:  # whatever a copy raises (a lock's TypeError), validating anew serves
+            pass
+    return typed_input(tool, raw)
 
 
 _BLIND = frozenset(type(p).decide for p in (never(), always(), once(), tool_policy()))
 """The `decide` of `never()`, `always()`, `once()` and `tool_policy()`, which never read the
-call's input: they take it as it is, at no cost (a subclass's own `decide` is not one)."""
+call's input: they take it as it is, at no cost (a subclass's own `decide`, or a function set as
+an instance's `decide`, is not one)."""
 
 
 def _policy_error(exc: BaseException) -> str:
