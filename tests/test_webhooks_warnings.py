@@ -255,3 +255,53 @@ async def test_a_warning_that_fails_holds_back_no_round_of_redelivery(
             await hooks.drain()
         types = [json.loads(b)["type"] for _, b in receiver.accepted]
         assert types == ["request.opened"] * 2 + ["request.expiring"] * 2
+
+
+@pytest.mark.parametrize("sent_by", ["round", "restart"])
+async def test_a_warning_given_up_on_is_not_sent_after_its_request_closed(
+    store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sent_by: str
+) -> None:
+    """The receiver is down as a request with a close deadline opens: its opening and its
+    warning are given up on. Back up, it gets the request's close, then (a round, or a start
+    on the state) the opening kept: the warning kept goes unsent, from the state and the store
+    alike, as README says it is sent only while the request is open with that deadline. It
+    was sent after the close, warning of a deadline the request no longer had."""
+    state = tmp_path / "hub.db"
+    async with (
+        Receiver([503] * 4) as receiver,
+        so.Runtime([refund_agent(expires_in=120)], store=store_url) as rt,
+    ):
+        hooks = WebhookChannel(receiver.url, SECRET, max_attempts=2, sleep=_instantly)
+        async with manual(ChannelHub(rt, [hooks], state=state)) as hub:
+            r = await rt.generate("support", prompt="Refund 1042")
+            await hub.poll()
+            await hooks.drain()
+            await hub.poll()
+            await hooks.drain()
+            assert [json.loads(b)["type"] for _, b in receiver.attempts] == [
+                "request.opened",
+                "request.opened",
+                "request.expiring",
+                "request.expiring",
+            ]  # both given up on
+            (req,) = r.pending
+            await rt.respond(
+                r.session_id, [so.InputResponse(request_id=req.id, option_id="approve")]
+            )
+            await hub.poll()
+            await hooks.drain()
+            if sent_by == "round":
+                monkeypatch.setattr(given_up, "REDO_EVERY", 0.0)
+                for _ in range(4):
+                    await hub.poll()
+                    await hooks.drain()
+        for fresh in (state, None):  # the same state, then one taking the store's copies over
+            again = WebhookChannel(receiver.url, SECRET, sleep=_instantly)
+            async with manual(ChannelHub(rt, [again], state=fresh)) as hub:
+                await hub.poll()
+                await again.drain()
+        sent = [
+            (json.loads(b)["type"], json.loads(b)["request"]["status"])
+            for _, b in receiver.accepted
+        ]
+        assert sent == [("request.resolved", "settled"), ("request.opened", "pending")]

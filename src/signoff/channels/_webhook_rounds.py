@@ -69,6 +69,12 @@ class Rounds:
         if await self.requeue(url) is None:
             self.given_up_at.pop(url, None)
 
+    def skipped(self, url: str) -> None:
+        """The probe of `url` was dropped unsent (a stale warning): the next tick's round sends
+        the next one kept, rather than a minute later."""
+        if url in self.given_up_at:
+            self.given_up_at[url] = time.monotonic() - given_up.REDO_EVERY
+
     def gave_up(self, url: str, delivery: str) -> float:
         """`delivery` to `url` was given up on (and is kept): its round is due `REDO_EVERY`
         from now, plus what the receiver's `Retry-After` asks beyond that (returned)."""

@@ -6,13 +6,18 @@ request closes. On a store without channel memos (one of your own, an earlier si
 kept in the state only, as before.
 
 A request whose row the store cannot read (`StoreDamaged`) is passed, logged once: the
-others are warned of as due, and the channel's rounds of redelivery go on."""
+others are warned of as due, and the channel's rounds of redelivery go on.
+
+A warning is checked again as it is sent (`still_due`): one given up on while its receiver was
+down and sent again by a round or a start after its request closed warns of nothing, and is
+dropped instead, from the state and the store alike."""
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
-from .._exceptions import SchemaVersionError, StoreDamaged
+from .._exceptions import SchemaVersionError, StoreDamaged, StoreError
 from ._base import logger, off_loop
 from ._shared import Shared
 
@@ -26,6 +31,7 @@ __all__ = [
     "drop_warned_erased",
     "keep_warned",
     "may_be_warned",
+    "still_due",
     "warn",
     "was_warned",
 ]
@@ -144,4 +150,28 @@ async def _still_expiring(channel: WebhookChannel, request: InputRequest) -> boo
         stored is not None
         and stored.status == "pending"
         and stored.request.expires_at == request.expires_at
+    )
+
+
+async def still_due(channel: WebhookChannel, raw: bytes) -> bool:
+    """Whether the `request.expiring` body `raw` may still be sent: its request is open with
+    the deadline it warns of, as stored now. A store that fails, or a body that does not name
+    its request and deadline, sends it: it was due when it was queued."""
+    if channel._runtime is None:
+        return True
+    try:
+        request = json.loads(raw)["request"]
+        rid, expires_at = request["id"], request["expires_at"]
+    except (ValueError, KeyError, TypeError):
+        return True
+    if not isinstance(rid, str):
+        return True
+    try:
+        stored = await channel._runtime.store.get_request(rid)
+    except StoreError:
+        return True
+    return (
+        stored is not None
+        and stored.status == "pending"
+        and stored.request.expires_at == expires_at
     )

@@ -69,7 +69,7 @@ from ._webhook_signatures import secret_list, sign_webhook, signed_headers, veri
 from ._webhook_stop import Stop
 from ._webhook_urls import checked_urls, masked
 from ._webhook_waits import Waits
-from ._webhook_warned import drop_warned, drop_warned_erased, warn
+from ._webhook_warned import drop_warned, drop_warned_erased, still_due, warn
 
 if TYPE_CHECKING:
     import httpx
@@ -77,8 +77,14 @@ if TYPE_CHECKING:
 __all__ = ["WebhookChannel", "sign_webhook", "verify_webhook"]
 
 _RETRY_STATUSES = frozenset({408, 425, 429})
-_DONE = {"delivered": "delivered", "refused": "refused", "gave up": "given up on"}
+_DONE = {
+    "delivered": "delivered",
+    "refused": "refused",
+    "gave up": "given up on",
+    "stale": "dropped (its request closed)",
+}
 _ERASED = "erased"  # `_send`'s outcome for a delivery of a request erased since it was queued
+_STALE = "stale"  # not sent: a warning kept past its request's close (`still_due`)
 _BACKFILLED = "backfilled"  # memo: the open requests were announced on a first start
 
 
@@ -390,6 +396,8 @@ class WebhookChannel(Channel):
             recorded = False  # what the receiver answered is kept in the state and store
             try:
                 outcome = await self._send(url, delivery, event, raw)
+                if outcome == _STALE and probe:  # none sent: the next tick's round goes on
+                    self._rounds.skipped(url)
                 if outcome == _ERASED:  # its copies went with the erasure (`forget_erased`)
                     recorded = True
                 elif outcome != "gave up":
@@ -400,7 +408,7 @@ class WebhookChannel(Channel):
                         await off_loop(self.forget, f"{_OUTBOX}{url} {delivery}")
                         await drop_copy(self, url, delivery, outcome)
                     recorded = True
-                    if probe:  # the receiver answered: what was given up on follows
+                    if probe and outcome != _STALE:  # the receiver answered: the rest follow
                         await self._rounds.got_through(url)
                 elif self._state is not None:
                     later = self._rounds.gave_up(url, delivery)
@@ -424,11 +432,14 @@ class WebhookChannel(Channel):
 
     async def _send(self, url: str, delivery: str, event: str, raw: bytes) -> str:
         """`deliver`'s attempts; `delivered`, `refused` (a final 4xx) or `gave up`; `erased`
-        (nothing sent) for one of a request erased since, whose close is sent stripped."""
+        (nothing sent) for one of a request erased since, whose close is sent stripped; `stale`
+        (nothing sent) for a warning whose request closed since, or lost that deadline."""
         import httpx
 
         client = self._http()
         await self._waits.wait_out(url, delivery, self._sleep)
+        if event == "request.expiring" and not await still_due(self, raw):
+            return _STALE  # dropped as if it was sent: it warns of nothing now
         attempt = 0
         swapped = False
         while attempt < self.max_attempts:
