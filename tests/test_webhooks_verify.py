@@ -212,8 +212,35 @@ def test_verify_webhook_reads_raw_header_bytes_and_refuses_other_headers_by_name
     forged = {**raw, b"Signoff-Signature": b"v1=\xe9"}
     with pytest.raises(InvalidSignature, match="does not match"):
         verify_webhook(SECRET, forged, body, now=stamp)
-    for odd in (None, "Signoff-Timestamp: 1", [("Signoff-Timestamp", "1")]):
+    for odd in (None, "Signoff-Timestamp: 1", b"Signoff-Timestamp: 1", 1):
         with pytest.raises(so.UsageError, match="headers must be the request's headers"):
             verify_webhook(SECRET, odd, body, now=stamp)  # type: ignore[arg-type]
+    for pairs in (["Signoff-Timestamp: 1"], [("Signoff-Timestamp", "1", "2")], [None]):
+        with pytest.raises(so.UsageError, match=r"must each be a \[name, value\] pair"):
+            verify_webhook(SECRET, pairs, body, now=stamp)  # type: ignore[arg-type]
     with pytest.raises(so.UsageError, match="must be text or bytes, not int"):
         verify_webhook(SECRET, {**good, "Signoff-Timestamp": stamp}, body, now=stamp)  # type: ignore[arg-type]
+
+
+def test_verify_webhook_reads_an_asgi_scopes_header_pairs_each_copy_kept() -> None:
+    """A bare ASGI app has the headers as `scope["headers"]`, a list of `[name, value]` byte
+    pairs (README: "as the raw bytes an ASGI scope holds"): they verify as they are, and a
+    replay adding a forged `Signoff-Delivery` before the true one is refused, as from a
+    framework's headers. They were a `UsageError`, so such an app reached for
+    `dict(scope["headers"])`, which keeps the last copy: the replay verified, while
+    `Headers(scope=scope)["signoff-delivery"]` read the forged id."""
+    body = b'{"id":"whd_1","type":"request.opened"}'
+    stamp = 1_700_000_000
+    signed = {
+        "Signoff-Timestamp": str(stamp),
+        "Signoff-Signature": sign_webhook(SECRET, stamp, body),
+        "Signoff-Delivery": "whd_1",
+        "Signoff-Event": "request.opened",
+    }
+    scope = [[k.lower().encode(), v.encode()] for k, v in signed.items()]
+    for pairs in (scope, [(k, v) for k, v in scope], iter(scope), list(signed.items())):
+        assert verify_webhook(SECRET, pairs, body, now=stamp)["id"] == "whd_1"
+    replay = [[b"signoff-delivery", b"whd_2"], *scope]
+    assert Headers(scope={"type": "http", "headers": replay})["signoff-delivery"] == "whd_2"
+    with pytest.raises(InvalidSignature, match="Signoff-Delivery header is given more than once"):
+        verify_webhook(SECRET, replay, body, now=stamp)

@@ -34,6 +34,15 @@ _CHECKED = {
     h.lower(): h for h in (TIMESTAMP_HEADER, SIGNATURE_HEADER, EVENT_HEADER, DELIVERY_HEADER)
 }
 
+Headers = (
+    Mapping[str, str]
+    | Mapping[bytes, bytes]
+    | Iterable[tuple[bytes, bytes] | list[bytes]]
+    | Iterable[tuple[str, str] | list[str]]
+)
+"""What `verify_webhook` reads headers from: a framework's `request.headers`, or the list of
+`[name, value]` pairs an ASGI scope holds (`scope["headers"]`), each copy of a header kept."""
+
 
 def sign_webhook(secret: str, timestamp: int, body: bytes) -> str:
     """The `Signoff-Signature` value for `body` sent at `timestamp`."""
@@ -57,7 +66,7 @@ def signed_headers(
 
 def verify_webhook(
     secret: str | Sequence[str],
-    headers: Mapping[str, str] | Mapping[bytes, bytes],
+    headers: Headers,
     body: bytes | str,
     *,
     tolerance: float = 300,
@@ -73,6 +82,10 @@ def verify_webhook(
     matches (the comparison is constant-time), or the unsigned `Signoff-Delivery` or
     `Signoff-Event` header, when present, differs from the signed body's `id` or `type`, or
     one of these four headers is given more than once.
+
+    `headers` is the request's headers (`request.headers`), or in a bare ASGI app the scope's
+    `[name, value]` pairs as they are (`scope["headers"]`): `dict(scope["headers"])` keeps the
+    last copy of a repeated header, so a replay adding a forged one first would verify.
 
         payload = verify_webhook(SECRET, request.headers, await request.body())
     """
@@ -124,19 +137,29 @@ def verify_webhook(
     return payload
 
 
-def _signoff_headers(headers: Mapping[str, str] | Mapping[bytes, bytes]) -> dict[str, str]:
+def _signoff_headers(headers: Headers) -> dict[str, str]:
     """The `Signoff-*` headers by lowercase name. One given twice (a repeat in a framework's
-    headers, or two spellings in a dict) is an `InvalidSignature`: the check would read the
-    last copy while the receiver's `headers[name]` reads the first."""
+    headers or an ASGI scope's pairs, or two spellings in a dict) is an `InvalidSignature`: the
+    check would read the last copy while the receiver's `headers[name]` reads the first."""
     items = getattr(headers, "items", None)
-    if not callable(items) or isinstance(headers, str | bytes | bytearray):
+    if callable(items) and not isinstance(headers, str | bytes | bytearray):
+        pairs: Iterable[object] = items()
+    elif isinstance(headers, Iterable) and not isinstance(headers, str | bytes | bytearray):
+        pairs = headers  # an ASGI scope's [name, value] pairs
+    else:
         raise UsageError(
             "verify_webhook(): headers must be the request's headers, a mapping of names to "
-            f"values (request.headers), not {type(headers).__name__}"
+            "values (request.headers) or an ASGI scope's [name, value] pairs, not "
+            f"{type(headers).__name__}"
         )
     found: dict[str, str] = {}
-    for raw_name, raw_value in items():
-        name, value = _header_text(raw_name), _header_text(raw_value)
+    for pair in pairs:
+        if not isinstance(pair, tuple | list) or len(pair) != 2:
+            raise UsageError(
+                "verify_webhook(): headers given as pairs must each be a [name, value] pair, "
+                f"not {type(pair).__name__}"
+            )
+        name, value = _header_text(pair[0]), _header_text(pair[1])
         key = name.lower()
         if key not in _CHECKED:
             continue
