@@ -83,6 +83,32 @@ def test_a_secret_that_is_not_valid_unicode_is_refused_when_configured() -> None
             verify_webhook(bad, {}, b"{}")
 
 
+@pytest.mark.parametrize(
+    ("bad", "problem"),
+    [
+        ("whsec_abc\n", "the secret has spaces or a newline around it"),
+        (" whsec_abc", "the secret has spaces or a newline around it"),
+        ("\n", "the secret is blank"),
+        (" ", "the secret is blank"),
+        (["whsec_new", "whsec_abc\r\n"], "secret #2 has spaces or a newline around it"),
+    ],
+)
+def test_a_blank_secret_or_one_with_blanks_around_it_is_refused_unshown(
+    bad: str | list[str], problem: str
+) -> None:
+    """A secret read from a file written by `echo` ends in a newline: it was taken as given,
+    so every delivery was signed with the newline, and a receiver holding the secret without
+    it answered 401, a final refusal never sent again. Refused when configured, as API tokens
+    are, without showing it; `verify_webhook` refuses it too."""
+    for make in (
+        lambda: WebhookChannel("https://example.com/hook", bad),
+        lambda: verify_webhook(bad, {}, b"{}"),
+    ):
+        with pytest.raises(so.UsageError, match=problem) as caught:
+            make()
+        assert "whsec_" not in str(caught.value)
+
+
 @pytest.mark.parametrize("bad", [5, None, 1.5, b"whsec_bytes", {"whsec_a": 1}, object()])
 def test_a_secret_of_the_wrong_type_is_a_usage_error_naming_it(bad: object) -> None:
     """`WebhookChannel(url, secret=5)` failed with a bare TypeError (`list(5)`); bytes were

@@ -183,7 +183,8 @@ def _header_text(value: object) -> str:
 
 
 def secret_list(secret: str | Sequence[str], who: str) -> list[str]:
-    """The signing secrets as a list: one, or several while rotating, none of them empty."""
+    """The signing secrets as a list: one, or several while rotating, none of them empty, blank
+    or with blanks around it (a secret file's newline: every signature would disagree)."""
     if isinstance(secret, str):
         secrets = [secret]
     elif isinstance(secret, Iterable) and not isinstance(secret, bytes | bytearray | Mapping):
@@ -195,11 +196,18 @@ def secret_list(secret: str | Sequence[str], who: str) -> list[str]:
         )
     if not secrets or not all(isinstance(s, str) and s for s in secrets):
         raise UsageError(f"{who} needs the shared secret: a non-empty string, or several")
-    for s in secrets:
+    for number, s in enumerate(secrets, 1):
         try:
             s.encode()
         except UnicodeEncodeError:  # e.g. from an environment holding invalid UTF-8
             raise UsageError(f"{who}: a secret is not valid Unicode (a lone surrogate)") from None
+        if s != s.strip():
+            # Read from a file written by `echo` ("...\n"): every delivery was signed with the
+            # newline, and the receiver's 401 is final. Named by position: it is a secret.
+            which = "the secret" if len(secrets) == 1 else f"secret #{number}"
+            if not s.strip():
+                raise UsageError(f"{who}: {which} is blank: give the shared secret")
+            raise UsageError(f"{who}: {which} has spaces or a newline around it: drop them")
     return secrets
 
 

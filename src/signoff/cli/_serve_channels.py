@@ -82,6 +82,10 @@ def refuse_missing_secrets(
             raise UsageError(set_but_empty(envvar, f"give {flag}"))
     if webhooks and not webhook_secret:
         raise UsageError("--webhook needs --webhook-secret (or SIGNOFF_WEBHOOK_SECRET)")
+    if webhooks and webhook_secret and webhook_secret != webhook_secret.strip():
+        # Not shown (a secret): every delivery would be signed with the blanks, and refused.
+        problem = "is blank" if not webhook_secret.strip() else "has spaces or a newline around it"
+        raise UsageError(f"--webhook-secret (or SIGNOFF_WEBHOOK_SECRET) {problem}: drop them")
     if slack_channel is not None and (not slack_token or not slack_signing_secret):
         raise UsageError(
             "--slack-channel needs --slack-token and --slack-signing-secret "
