@@ -4,8 +4,11 @@ approval with an edited input says what was approved."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 import signoff as so
 from signoff.channels import ChannelHub, WebhookChannel
@@ -206,3 +209,34 @@ def test_the_largest_part_as_sent_is_clipped_first() -> None:
     assert body["clipped"] == ["request.payload"]
     assert body["request"]["action"]["input"] == inp
     assert len(json_bytes(body)) <= 1500
+
+
+async def test_a_body_over_a_low_max_body_bytes_once_clipped_is_logged_as_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`max_body_bytes=1024` is taken, but a body with all it can clip clipped is still over
+    it (its ids, names and parts of 500 bytes or fewer are never clipped): an opening went out
+    at 1127 bytes and a close whose reason was cut at 1338, nothing saying the bound was not
+    kept. They are still sent (the receiver may take them); the first is logged as a warning
+    naming it, its size and the bound, once per channel."""
+    async with Receiver([]) as receiver:
+        async with so.Runtime([refund_agent()], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+            hooks = WebhookChannel(receiver.url, SECRET, max_attempts=1, max_body_bytes=1024)
+            async with manual(ChannelHub(rt, [hooks])) as hub:
+                with caplog.at_level(logging.WARNING, logger="signoff"):
+                    r = await rt.generate("billing", prompt="refund order 1000")
+                    await hub.poll()
+                    await hooks.drain()
+                    answer = so.InputResponse(
+                        request_id=r.pending[0].id, option_id="cancel", text="x" * 3000
+                    )
+                    await rt.respond(r.session_id, [answer])
+                    await hub.poll()
+                    await hooks.drain()
+    (_, opened), (_, closed) = receiver.accepted
+    assert json.loads(closed)["clipped"] == ["resolution.reason"]
+    assert len(opened) > 1024 and len(closed) > 1024
+    (warning,) = [r for r in caplog.records if "max_body_bytes=1024" in r.getMessage()]
+    assert warning.levelno == logging.WARNING
+    shown = f"{json.loads(opened)['id']} (request.opened) is {len(opened)} bytes"
+    assert shown in warning.getMessage()

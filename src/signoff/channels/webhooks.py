@@ -111,7 +111,8 @@ class WebhookChannel(Channel):
 
     `max_body_bytes` (256 KiB) bounds a body: one over it is clipped (`_CLIPPABLE`: inputs,
     payload and answer as null, long text cut), the largest part first, naming each in
-    `clipped`.
+    `clipped`. One still over it (a low bound: ids, names and parts of 500 bytes or fewer are
+    never clipped) is sent as it is, the first logged as a warning.
     """
 
     name = "webhooks"
@@ -187,6 +188,7 @@ class WebhookChannel(Channel):
         # What the state or the store fails (damaged, locked, down) is tried again at each
         # tick, logged once.
         self._failing = Outage(f"channel {self.name}: what it keeps in its state and the store")
+        self._overlong = False  # a body over max_body_bytes once clipped was logged
         self.delivered = 0
         self.failed = 0
 
@@ -359,6 +361,18 @@ class WebhookChannel(Channel):
         ]
         if not urls:
             return  # an entry the hub read again while its delivery waits or was restored
+        if len(raw) > self.max_body_bytes and not self._overlong:  # logged once: the bound
+            self._overlong = True  # is too low for the parts never clipped (ids, names, ...)
+            logger.warning(
+                "channel %s: %s (%s) is %s bytes with all it can clip clipped, over "
+                "max_body_bytes=%s; sent as it is, as are later ones (not logged): raise "
+                "max_body_bytes if a receiver caps there",
+                self.name,
+                body["id"],
+                event,
+                len(raw),
+                self.max_body_bytes,
+            )
         if self._state is not None:
             kept = {"event": event, "body": raw.decode()}
             await keep_copies(self, urls, body["id"], kept)  # for a hub on another state
