@@ -1,6 +1,7 @@
 """`_child_drives.driven`: what a subagent's drive does once its turn ended and gave its lease
 back (closing its parent's mirrors, counting its spend in a parent that owes it) finds the tree
-deleted meanwhile, and the drive's result stands: a worker logs no failure. Both stores."""
+deleted meanwhile, and the drive's result stands: a worker logs no failure. Both stores. And
+it goes on with the parent's turn with no cache (`cache_size=0`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from signoff.testing import call, call_tools, scripted_agent
 
 from ._subagents import ALICE
 from .test_deletion import OPS
+from .test_subagents_calls import _SlowRefund
 from .test_subagents_spend import support, tokens, waiting_child
 
 
@@ -128,3 +130,20 @@ async def test_an_answer_whose_subagent_tree_is_deleted_as_its_turn_ends_gets_it
         result = drive.result()
         assert deleted == [[parent, child]]
         assert (result.session_id, result.status) == (child, "cancelled")
+
+
+async def test_a_child_answered_directly_without_a_cache_goes_on_with_its_parent(
+    store_url: str,
+) -> None:
+    """With `cache_size=0`, the child's own drive (its request answered on the child) ended
+    and the parent's turn stayed `running` for ever: the drive looked for the child's parent
+    only in the cache. It reads the child from the store and goes on with the parent."""
+    tree = _SlowRefund()
+    tree.release.set()
+    async with so.Runtime([tree.parent, tree.child], store=store_url, cache_size=0) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        [mirror] = r.pending
+        assert mirror.child is not None
+        answer = so.InputResponse(request_id=mirror.child.request_id, option_id="approve")
+        direct = asyncio.create_task(rt.respond(mirror.child.session_id, [answer], principal=ALICE))
+        await tree.settled(rt, r.session_id, direct)

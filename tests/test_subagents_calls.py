@@ -401,13 +401,20 @@ class _SlowRefund:
         assert self.ran == ["1042"] and self.after.calls == 1
 
 
-async def test_a_delegate_call_waits_for_a_child_driven_elsewhere(tmp_path: Path) -> None:
+# The runtime's cache as it comes, and none: a child's drive finds its parent either way.
+_CACHES = pytest.mark.parametrize("cache", [{}, {"cache_size": 0}], ids=["cached", "cache_size=0"])
+
+
+@_CACHES
+async def test_a_delegate_call_waits_for_a_child_driven_elsewhere(
+    tmp_path: Path, cache: dict[str, Any]
+) -> None:
     """The child's request is answered directly and its approved tool is still running when
     the same answer comes through the parent: the parent's delegate call must not fail as busy
     (which told the parent's model that a refund that ran had failed): its call waits
     `lease_wait` for that drive, and the parent's turn gets the child's text."""
     tree = _SlowRefund()
-    async with sqlite_runtime(tmp_path, tree.parent, tree.child, lease_wait=0.2) as rt:
+    async with sqlite_runtime(tmp_path, tree.parent, tree.child, lease_wait=0.2, **cache) as rt:
         sid, direct, through_parent = await tree.answered_twice(rt)
         await asyncio.sleep(0.6)  # past lease_wait, the child's tool still running
         tree.release.set()
@@ -416,15 +423,17 @@ async def test_a_delegate_call_waits_for_a_child_driven_elsewhere(tmp_path: Path
         assert done.outcomes[0].outcome == "approved"
 
 
+@_CACHES
 async def test_a_call_whose_delegate_call_waits_on_a_child_driven_elsewhere_honours_lease_wait(
-    tmp_path: Path,
+    tmp_path: Path, cache: dict[str, Any]
 ) -> None:
     """The delegate call waited for as long as another drive held the child (a slow tool, a
     store refusing its outcome): the call through the parent hung far past its `lease_wait`.
     It answers `running` once that passed, recording nothing, and the parent's turn goes on
-    once the child's drive ends."""
+    once the child's drive ends (with `cache_size=0` it never did: the child's drive looked
+    for its parent only in the cache)."""
     tree = _SlowRefund()
-    async with sqlite_runtime(tmp_path, tree.parent, tree.child, lease_wait=0.2) as rt:
+    async with sqlite_runtime(tmp_path, tree.parent, tree.child, lease_wait=0.2, **cache) as rt:
         sid, direct, through_parent = await tree.answered_twice(rt)
         done = await asyncio.wait_for(through_parent, 5)  # the child's tool still running
         assert done.status == "running" and done.outcomes[0].outcome == "approved", done

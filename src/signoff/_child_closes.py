@@ -51,9 +51,15 @@ def parents_to_claims() -> Iterator[None]:
 
 async def after_drive(rt: Runtime, session_id: str) -> None:
     """A child session driven on its own (answered directly, a deadline passed): close the
-    parent's mirrors of requests it closed and let the parent's turn go on."""
-    state = rt._cache.get(session_id)
-    if state is None or state.parent is None or session_id in delegating.get():
+    parent's mirrors of requests it closed and let the parent's turn go on. The child is read
+    from the store when the cache does not hold it (`cache_size=0`)."""
+    if session_id in delegating.get():
+        return
+    try:
+        state = rt._cache.get(session_id) or await rt._state(session_id)
+    except UnknownSession:  # deleted with its tree meanwhile: no parent goes on
+        return
+    if state.parent is None:
         return
     try:
         parent = await rt._state(state.parent)
