@@ -259,3 +259,113 @@ async def test_the_http_listing_of_expired_requests_holds_a_passed_deadline(
         assert (await c.post("/_signoff/login", data=signed)).status_code == 303
         audit = (await c.get("/_signoff/audit", params={"status": "expired"})).text
         assert rid in audit and later in audit
+
+
+DUE = 12  # sessions whose deadline passed during an outage
+PAGE = 3  # the listing's page
+
+
+class _SlowPayers:
+    """`DUE` sessions of a payer waiting on a request whose deadline then passed, nothing
+    recording it; the model a resumed turn calls takes 0.05 s, and `calls` counts those calls."""
+
+    def __init__(self) -> None:
+        self.clock = ManualClock()
+        self.agent = payout_agent(ExecutionLog(), so.always(expires_in=60))
+        self.calls = 0
+        self.sids: list[str] = []
+        complete = self.agent.model.complete
+        start = self.clock.now
+
+        async def slow(request: Any) -> so.ModelResponse:
+            if self.clock.now > start:  # a turn the deadline made runnable
+                self.calls += 1
+                await asyncio.sleep(0.05)
+            return await complete(request)
+
+        self.agent.model.complete = slow  # type: ignore[method-assign]
+
+    async def lapsed(self, rt: so.Runtime) -> None:
+        for _ in range(DUE):
+            self.sids.append((await rt.generate("pay", prompt="pay", auth=ALICE)).session_id)
+        self.clock.advance(61)
+
+    async def completed(self, rt: so.Runtime) -> set[str]:
+        """The sessions whose turn went on to its end."""
+        done = set()
+        for sid in self.sids:
+            turn = (await rt.state(sid)).turn
+            if turn is not None and turn.status == "completed":
+                done.add(sid)
+        return done
+
+
+@pytest.mark.parametrize("via", ["runtime", "default", "own"])
+async def test_a_listing_of_expired_requests_drives_only_the_turns_of_its_page(
+    store_url: str, via: str
+) -> None:
+    """A listing of expired requests recorded every passed deadline it would list (as it
+    should: its total counts them), then drove every one of their turns, model calls and all,
+    before it answered: 1,000 sessions due after an outage and a 0.2 s model took 52 s for a
+    page of 10. It drives only those of its page (the rest are left to a sweep or a worker):
+    at most `PAGE` model calls, the total still every one."""
+    tree = _SlowPayers()
+    runtime = so.Runtime([tree.agent], store=store_url, clock=tree.clock)
+    async with runtime as rt:
+        await tree.lapsed(rt)
+        if via == "runtime":
+            page, more = await rt.pending_page(PendingFilter(status="expired", limit=PAGE))
+            ids, total = [r.session_id for r in page], None
+            assert more
+        else:
+            extra: dict[str, Any] = {}
+            if via == "own":
+                extra["access"] = lambda caller, initiator: caller == initiator
+            app = create_app(rt, auth=TokenAuth({"tok": ALICE}), sweep_every=None, **extra)
+            transport = httpx.ASGITransport(app=app)
+            headers = {"Authorization": "Bearer tok"}
+            async with (
+                app.router.lifespan_context(app),
+                httpx.AsyncClient(transport=transport, base_url="http://t", headers=headers) as c,
+            ):
+                params = {"status": "expired", "limit": str(PAGE)}
+                body = (await c.get("/v1/requests", params=params)).json()
+            ids, total = [i["session_id"] for i in body["items"]], body["total"]
+        assert len(ids) == PAGE and tree.calls <= PAGE, (ids, tree.calls)
+        assert total in (None, DUE)
+        assert await rt.store.count_pending(PendingFilter(status="expired")) == DUE
+        assert await tree.completed(rt) == set(ids)  # the page's turns went on, no other
+
+
+@pytest.mark.parametrize("then", ["expire_due", "worker", "sweep_loop"])
+async def test_the_turns_an_expired_listing_left_are_driven_by_a_sweep_or_a_worker(
+    store_url: str, then: str
+) -> None:
+    """The turns whose deadlines a listing of expired requests recorded but whose requests its
+    page did not show: a later `expire_due` goes on with them (`_left_undriven`), a worker's
+    claims take them, and a sweep loop's drives (`serve`'s) are handed them as it lists."""
+    tree = _SlowPayers()
+    flt = PendingFilter(status="expired", limit=PAGE)
+    async with so.Runtime([tree.agent], store=store_url, clock=tree.clock) as rt:
+        await tree.lapsed(rt)
+        if then == "sweep_loop":
+            drives = SweepDrives(rt)
+            with drives.handing():
+                await rt.pending_page(flt)
+            await asyncio.wait_for(asyncio.gather(*drives.tasks.values()), 10)
+        else:
+            page, _ = await rt.pending_page(flt)
+            assert await tree.completed(rt) == {r.session_id for r in page}
+        if then == "expire_due":
+            assert await rt.expire_due() == DUE - PAGE
+        elif then == "worker":
+            stop = asyncio.Event()
+            working = asyncio.create_task(rt.work(stop=stop, idle_wait=0.05, sweep_every=3600))
+            for _ in range(200):
+                if len(await tree.completed(rt)) == DUE:
+                    break
+                await asyncio.sleep(0.05)
+            stop.set()
+            await asyncio.wait_for(working, 10)
+        assert await tree.completed(rt) == set(tree.sids)
+        assert tree.calls == DUE  # each turn went on once

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextvars import ContextVar
 
 from ._call_guards import closes_stop
@@ -320,6 +320,14 @@ class Sweeps(Messages):
         # As a sweep: every deadline of the page recorded first, then their turns driven
         # `SWEEP_DRIVES` at once. One after another, a listing took as long as all their model
         # calls together, and each deadline waited for the turns before it.
+        await self._drive_listed(await self._record_listed(sessions))
+        return len(sessions)
+
+    async def _record_listed(self, sessions: Sequence[str]) -> list[str]:
+        """A listing's half of `_apply_deadlines`: record the passed deadlines of `sessions`
+        (this runtime's), driving no turn; returns those recorded, their turns runnable. One
+        the store cannot record (a read-only store) is shown instead; once it refuses one as
+        busy it records no more (each would wait as long)."""
         listed: list[str] = []
         for i, sid in enumerate(sessions):
             with contextlib.suppress(SessionExpired):
@@ -341,13 +349,26 @@ class Sweeps(Messages):
             await asyncio.sleep(0)  # as above: the loop's other tasks run between them
         if listed:
             wrote()  # what the request does next waits as a worker does: it recorded something
-        with promptly(False):  # a turn a recorded deadline resumed is not cut short
-            await self._drive_listed(listed)
-        return len(sessions)
+        return listed
+
+    async def _go_on_listed(self, recorded: Sequence[str], shown: Collection[str]) -> None:
+        """Go on with the turns whose deadlines a listing recorded (`_record_listed`): those of
+        the sessions its page `shown` holds are driven here, as a listing of the queue drives
+        those its page meets; the others are handed to a sweep loop's drives where one runs
+        this, else left runnable to a later sweep (`_left_undriven`) or a worker's claims.
+        Driving every one, a listing of expired requests after an outage made all their model
+        calls before it answered."""
+        hand = _handing.get()
+        if hand is not None:
+            for sid in recorded:
+                if sid not in shown:
+                    hand(sid, None)
+        await self._drive_listed([sid for sid in recorded if sid in shown])
 
     async def _drive_listed(self, sessions: Sequence[str]) -> None:
         """Drive the turns a listing's deadlines made runnable, `SWEEP_DRIVES` at once; any
-        failure is logged, not raised: the listing is a read, and the turn is retried later."""
+        failure is logged, not raised: the listing is a read, and the turn is retried later.
+        A turn a recorded deadline resumed is not cut short (not `promptly`)."""
         slots = asyncio.Semaphore(SWEEP_DRIVES)
 
         async def one(sid: str) -> None:
@@ -362,7 +383,8 @@ class Sweeps(Messages):
                     if not deleted_meanwhile(exc, sid):
                         log.exception("session %s: continuing after its deadline failed", sid)
 
-        await asyncio.gather(*(one(sid) for sid in sessions))
+        with promptly(False):
+            await asyncio.gather(*(one(sid) for sid in sessions))
 
     async def _drive_all(self, sessions: Sequence[str], lease_wait: float | None = None) -> None:
         """Drive the turns of `sessions`, whose passed deadlines are recorded, `SWEEP_DRIVES`

@@ -189,8 +189,9 @@ class ServerContext(OpenRequests, Callers):
         page: list[InputRequest] = []
         total = 0
         start, end = 0, None
+        recorded: list[str] = []  # sessions whose deadlines it recorded: their turns go on
         if flt.status != "pending":  # the newest closed ones: oldest first, as listed
-            await record_closed(self.runtime, flt, self.runtime.now())  # counted as expired
+            recorded = await record_closed(self.runtime, flt, self.runtime.now())
             end = await store.count_pending(flt)
             start = max(0, end - REQUEST_SCAN)
         # From `start` on by keyset: a request closing between two reads (its deadline applied
@@ -209,6 +210,8 @@ class ServerContext(OpenRequests, Callers):
             if after is None:
                 break
             read += size
+        if recorded:  # the turns of those the page shows, as the store's own listing does
+            await self.runtime._go_on_listed(recorded, {r.session_id for r in page})
         return page, total
 
     async def visible_sessions(
