@@ -64,6 +64,15 @@ def flow_agent(flow: PlainFlow) -> tuple[so.Agent, Capture]:
     return agent, seen
 
 
+def answered_once(flow: PlainFlow, seen: Capture) -> None:
+    """The model read the body's result after the answer: its step ran once, the body twice
+    (asking, then resumed), and every thread it ran in has ended."""
+    [result] = tool_results(seen.last)
+    assert result.content == {"quote": 7, "go": "yes"}
+    assert flow.steps == 1 and len(flow.bodies) == 2
+    assert flow.all_ended()
+
+
 async def parked(rt: so.Runtime, flow: PlainFlow) -> str:
     """Start the session; it parks on the body's question within a second, the body's thread
     ended with the park."""
@@ -85,10 +94,7 @@ async def test_a_plain_body_asking_on_its_own_loop_parks_and_resumes_in_the_runt
         sid = await parked(rt, flow)
         r = await asyncio.wait_for(rt.send(sid, "yes", principal=ALICE), GUARD)
         assert r.status == "completed", r
-    [result] = tool_results(seen.last)
-    assert result.content == {"quote": 7, "go": "yes"}
-    assert flow.steps == 1 and len(flow.bodies) == 2
-    assert flow.all_ended()
+    answered_once(flow, seen)
 
 
 async def test_a_plain_body_asking_on_its_own_loop_is_answered_from_another_runtime(
@@ -101,10 +107,7 @@ async def test_a_plain_body_asking_on_its_own_loop_is_answered_from_another_runt
         async with so.Runtime([agent], store=store_url) as second:
             r = await asyncio.wait_for(second.send(sid, "yes", principal=ALICE), GUARD)
             assert r.status == "completed", r
-    [result] = tool_results(seen.last)
-    assert result.content == {"quote": 7, "go": "yes"}
-    assert flow.steps == 1 and len(flow.bodies) == 2
-    assert flow.all_ended()
+    answered_once(flow, seen)
 
 
 async def test_a_plain_body_that_asks_on_its_own_loop_as_its_drive_is_cancelled_parks(
@@ -130,6 +133,4 @@ async def test_a_plain_body_that_asks_on_its_own_loop_as_its_drive_is_cancelled_
         assert [p.question for p in state.pending_requests()] == ["go?"]
         r = await asyncio.wait_for(rt.send(sid, "yes", principal=ALICE), GUARD)
         assert r.status == "completed", r
-    [result] = tool_results(seen.last)
-    assert result.content == {"quote": 7, "go": "yes"}
-    assert flow.steps == 1 and len(flow.bodies) == 2
+    answered_once(flow, seen)

@@ -187,14 +187,7 @@ async def test_no_form_opens_for_a_request_whose_session_passed_its_ttl(
             "This request can no longer be answered: "
             f"session {req.session_id!r} expired with pending requests {req.id}"
         )
-        (note,) = fake.of("chat.postEphemeral")
-        assert note["text"] == why
-        if slow:
-            (form,) = fake.of("views.update")
-            assert "submit" not in form["view"]
-            assert form["view"]["blocks"][0]["text"]["text"] == why
-        (update,) = fake.of("chat.update")
-        assert update["text"].startswith("Expired: ")
+        told_instead_of_a_form(fake, why, slow, "Expired: ")
 
 
 async def test_a_person_who_may_not_answer_is_told_so_once_the_session_passed_its_ttl(
@@ -278,14 +271,7 @@ async def test_no_form_opens_for_a_subagents_request_once_its_parents_ttl_passed
             "This request can no longer be answered: "
             f"request {rid} is withdrawn (cancelled); it takes no answers"
         )
-        (note,) = fake.of("chat.postEphemeral")
-        assert note["text"] == why
-        if slow:
-            (form,) = fake.of("views.update")
-            assert "submit" not in form["view"]
-            assert form["view"]["blocks"][0]["text"]["text"] == why
-        (update,) = fake.of("chat.update")
-        assert update["text"].startswith("Withdrawn: "), update["text"]
+        told_instead_of_a_form(fake, why, slow, "Withdrawn: ")
 
 
 async def test_a_note_whose_connection_dropped_leaves_the_rest_of_the_press_done(
@@ -340,3 +326,16 @@ def _expiring_refunds(ttl: float | None = 60) -> so.Agent:
         tools=[issue_refund],
         limits=so.Limits(ttl=ttl),
     )
+
+
+def told_instead_of_a_form(fake: FakeSlack, why: str, slow: bool, shown: str) -> None:
+    """The person was told `why` (a form a slow check let open turned into it, its submit
+    button gone), and the message was shown closed, starting with `shown`."""
+    (note,) = fake.of("chat.postEphemeral")
+    assert note["text"] == why
+    if slow:
+        (form,) = fake.of("views.update")
+        assert "submit" not in form["view"]
+        assert form["view"]["blocks"][0]["text"]["text"] == why
+    (update,) = fake.of("chat.update")
+    assert update["text"].startswith(shown), update["text"]
