@@ -28,6 +28,7 @@ LAYERS: list[set[str]] = [
         "_json_keys",
         "_output_caps",
         "_unrecorded",
+        "_input_copies",
     },
     {"_input_sets"},
     {"_state_parts", "_snapshot_fields", "_conversation", "_tool_json", "_sync", "_turn_status"},

@@ -298,22 +298,29 @@ async def test_a_decide_set_on_a_helpers_instance_reads_a_copy(store_url: str) -
 
 
 class Handle:
-    """What a validator makes of a name: it holds a lock, which a deep copy refuses."""
+    """What a validator makes of a name: an object of the app's own (it holds a lock, which a
+    deep copy refuses), which the policy is to see as it is, not a copy of it."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.lock = threading.Lock()
+        self.opened: list[str] = []
 
 
-async def test_input_a_deep_copy_refuses_is_validated_anew_for_a_reader() -> None:
-    """The policy reads input of its own all the same, made by validating the raw input."""
+async def test_an_object_in_the_input_is_shared_and_its_containers_copied() -> None:
+    """A guardrail reads the input's model and lists as copies of its own, while an object a
+    validator made (or a Python caller passed) is the very one the body gets: identity kept,
+    and nothing it links to copied (a deep copy cloned a whole bank behind an account)."""
 
     @so.tool(approval=lambda input: input.handle.name == "prod")
-    async def open_(handle: Annotated[Any, pydantic.AfterValidator(Handle)]) -> str:
+    async def open_(
+        handle: Annotated[Any, pydantic.AfterValidator(Handle)], paths: list[list[str]]
+    ) -> str:
         """Open a handle."""
         return "opened"
 
-    validated: Any = open_.validate({"handle": "dev"})
+    raw = {"handle": "dev", "paths": [["b", "a"]]}
+    validated: Any = open_.validate(raw)
     with pytest.raises(TypeError):
         copy.deepcopy(validated)
     guard = Noting()
@@ -327,8 +334,9 @@ async def test_input_a_deep_copy_refuses_is_validated_anew_for_a_reader() -> Non
         call_id="c",
         abort_signal=asyncio.Event(),
     )
-    verdict = await strictest(open_, ctx, [guard], {"handle": "dev"})
+    verdict = await strictest(open_, ctx, [guard], raw)
     assert verdict.action == "run"
     [seen] = guard.read
-    assert isinstance(seen.handle, Handle) and seen.handle.name == "dev"
-    assert seen is not validated and seen.handle is not validated.handle
+    assert seen is not validated and seen.handle is validated.handle
+    assert seen.paths == [["b", "a"]]
+    assert seen.paths is not validated.paths and seen.paths[0] is not validated.paths[0]

@@ -6,7 +6,6 @@ input of its own, so that what one changes reaches neither the next, the request
 from __future__ import annotations
 
 import asyncio
-import copy
 import dataclasses
 from collections.abc import Sequence
 from typing import Any
@@ -23,6 +22,7 @@ from ._approval import (
     tool_policy,
 )
 from ._error_text import error_text
+from ._input_copies import own_copy
 from ._output_caps import spare
 from ._policy_inputs import typed_input
 from ._recording import own_cancel
@@ -131,14 +131,15 @@ def _own_input(
 
 
 def _input_copy(tool: Tool, validated: Any, raw: Any) -> Any:
-    """A deep copy of `validated`, which keeps what validation filled in (a `default_factory`'s
-    id, as the request and the body have it) and runs no validator again; `raw` validated anew
-    where the input is lazy (reading it uses up its iterators, which a copy would share or
-    consume) or cannot be deep copied (an object of a Python caller's that refuses it)."""
+    """`validated` with its structure copied (`own_copy`: models and containers; the objects
+    validation made or a caller passed are shared, as is), which keeps what validation filled
+    in (a `default_factory`'s id, as the request and the body have it) and runs no validator
+    again; `raw` validated anew where the input is lazy (reading it uses up its iterators, which
+    a copy would share) or cannot be copied so."""
     if not tool.holds_lazy(validated):  # an `Iterable` parameter's, or a validator's
         try:
-            return copy.deepcopy(validated)
-        except Exception:  # whatever a copy raises (a lock's TypeError), validating anew serves
+            return own_copy(validated)
+        except Exception:  # whatever a copy raises (a model's own `__copy__`), anew serves
             pass
     return typed_input(tool, raw)
 
