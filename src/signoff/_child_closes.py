@@ -119,11 +119,14 @@ async def after_close(rt: Runtime, state: SessionState) -> None:
         await _go_on(rt, parent.id)
 
 
-async def record_behind_mirrors(rt: Answering, state: SessionState) -> bool:
+async def record_behind_mirrors(
+    rt: Answering, state: SessionState, *, lease_wait: float | None = None
+) -> bool:
     """Record the passed deadlines and TTLs of the subagents the session's open mirrors stand
     for (deepest first, where this runtime has their agents, as a listing does), and go on with
     the turns that left runnable (a listing drives them too: a call the deadline approved
-    runs); then close the mirrors of the requests that closed. Returns whether the session
+    runs; a subagent held by another drive is waited for `lease_wait`, `rt.lease_wait` if
+    None); then close the mirrors of the requests that closed. Returns whether the session
     changed. A send or prompt deciding on its turn finds it as it would had a listing looked:
     an approval a deadline closed holds the turn no more. The session's own turn is left to
     that call, and so is a mirror whose request closed unseen (an answer that call gives to it
@@ -136,7 +139,7 @@ async def record_behind_mirrors(rt: Answering, state: SessionState) -> bool:
     seq = state.seq  # `state` may be the cached copy, which the appends below move on
     reset = delegating.set(delegating.get() | set(kids))  # their ends drive no parent
     try:
-        moved = [kid for kid in kids if await _record_below(rt, kid)]
+        moved = [kid for kid in kids if await _record_below(rt, kid, lease_wait)]
         for mirror in mirrors:
             if mirror.child is not None and mirror.child.session_id in moved:
                 await close_mirror(rt, state.id, mirror)
@@ -145,7 +148,7 @@ async def record_behind_mirrors(rt: Answering, state: SessionState) -> bool:
     return (await rt._state(state.id)).seq != seq
 
 
-async def _record_below(rt: Answering, child: str) -> bool:
+async def _record_below(rt: Answering, child: str, lease_wait: float | None) -> bool:
     """`record_behind_mirrors` for one subagent's session: whether this recorded anything."""
     try:
         kid = await rt._state(child)
@@ -156,10 +159,10 @@ async def _record_below(rt: Answering, child: str) -> bool:
     seq = kid.seq
     with contextlib.suppress(SessionExpired, UnknownSession, StoreError):
         applied: list[bool] = []
-        below = await record_behind_mirrors(rt, kid)
+        below = await record_behind_mirrors(rt, kid, lease_wait=lease_wait)
         kid = await rt._checked(child, applied=applied)
         if (applied or below) and runnable(kid):
-            await rt._drive(child)
+            await rt._drive(child, lease_wait=lease_wait)
     try:
         return (await rt._state(child)).seq != seq
     except (UnknownSession, StoreError):

@@ -401,7 +401,7 @@ class Driver(ToolCalls, ModelStep):
                     await self.execute(ready)
                     continue
                 if any(c.status in ("requested", "awaiting", "asking", "proposed") for c in calls):
-                    if await self._past_deadlines():
+                    if await self._past_deadlines() or await self._behind_mirrors():
                         continue  # closed (or escalated): the calls go on as it decided
                     if turn.status != "waiting":
                         ids = [r.id for r in self.state.pending_requests()]
@@ -427,6 +427,19 @@ class Driver(ToolCalls, ModelStep):
             return False
         await self.record(lambda st: due_batch(st, self.clock()) or Batch(specs=[]), durable=True)
         return True
+
+    async def _behind_mirrors(self) -> bool:
+        """Record, as the turn would park, the passed deadlines behind its open mirrors (a
+        subagent's, which the mirror shows but has none of its own) through the runtime
+        (`host`), which closes the mirrors they closed; the turn goes on from the store as it
+        then stands. Whether the store moved on (so no pass repeats on the same state)."""
+        if self.host is None:
+            return False
+        seq = self.state.seq
+        if not await self.host.behind_mirrors(self.state):
+            return False
+        await self.reload()
+        return self.state.seq != seq
 
     def _cancelled_elsewhere(self) -> bool:
         """Whether the drive stopped on a cancel of its turn that another process recorded and

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._budgets import budget_left, by_budget
 from ._cancellation import stop_calls
+from ._child_closes import record_behind_mirrors
 from ._child_sessions import cancel_orphan, child_id, delegating, first_turn
 from ._creation import turn_events
 from ._events import Event
@@ -138,6 +139,13 @@ class RuntimeHost:
         # turn ended before the call journaled the child.
         await cancel_orphan(rt, state)
         return started
+
+    async def behind_mirrors(self, state: SessionState) -> bool:
+        """As the session's turn would park: record the passed deadlines and TTLs behind its
+        open mirrors (its subagents', which a mirror shows but does not hold), closing the
+        mirrors of what they closed, as a listing does; whether the session changed. A subagent
+        another drive holds is not waited for here: its delegate call waits (`drive_child`)."""
+        return await record_behind_mirrors(self.runtime, state, lease_wait=0.0)
 
     async def abandon_child(
         self,
