@@ -85,3 +85,47 @@ def test_a_structure_reached_twice_or_holding_itself_is_copied_once() -> None:
     seen = own_copy(looped)
     assert seen[0] is seen[1] and seen[0] is not shared
     assert seen[2] is seen
+
+
+class Cached(pydantic.BaseModel):
+    items: list[str]
+    _lines: list[str] = pydantic.PrivateAttr(default_factory=list)
+
+    @pydantic.model_validator(mode="after")
+    def _fill(self) -> Cached:
+        self._lines.extend(self.items)
+        return self
+
+
+@dataclasses.dataclass
+class Derived:
+    items: list[int]
+
+    def __post_init__(self) -> None:
+        self.total = [sum(self.items)]
+
+
+def test_private_attributes_derived_attributes_and_wrapped_values_are_copied_too() -> None:
+    """What a reader may change in place besides fields: a model's private attributes, what a
+    dataclass's `__post_init__` set, the value a `Secret` hides, a `UserList`'s or a
+    `ChainMap`'s contents."""
+    from collections import ChainMap, UserList
+
+    value: dict[str, Any] = {
+        "cached": Cached(items=["x", "y"]),
+        "derived": Derived(items=[1, 2]),
+        "secret": pydantic.Secret[list[str]](["k"]),
+        "user": UserList([[1]]),
+        "chain": ChainMap({"a": [1]}),
+    }
+    seen = own_copy(value)
+    seen["cached"]._lines.append("added")
+    seen["derived"].total.append(0)
+    seen["secret"].get_secret_value().append("added")
+    seen["user"][0].append(2)
+    seen["chain"]["a"].append(2)
+    assert value["cached"]._lines == ["x", "y"] and seen["cached"]._lines == ["x", "y", "added"]
+    assert value["derived"].total == [3]
+    assert value["secret"].get_secret_value() == ["k"]
+    assert value["user"] == UserList([[1]]) and type(seen["user"]) is UserList
+    assert value["chain"]["a"] == [1] and type(seen["chain"]) is ChainMap

@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections import deque
+from collections import ChainMap, UserDict, UserList, deque
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Secret
 
 __all__ = ["own_copy"]
 
 
 def own_copy(value: Any) -> Any:
-    """`value` with its models, dataclasses, dicts, lists, sets, tuples, deques and bytearrays
+    """`value` with its models (their private attributes too), dataclasses, dicts, lists, sets,
+    tuples, deques, bytearrays, `UserDict`s, `UserList`s, `ChainMap`s and pydantic `Secret`s
     copied, each level anew (what validation filled in, a `default_factory`'s id, kept as it
     is), and every other object shared."""
     return _copied(value, {})
@@ -35,15 +36,30 @@ def _copied(value: Any, memo: dict[int, Any]) -> Any:
         memo[key] = new
         fields = {name: _copied(v, memo) for name, v in value.__dict__.items()}
         object.__setattr__(new, "__dict__", fields)
-        if value.__pydantic_extra__ is not None:
-            extra = {name: _copied(v, memo) for name, v in value.__pydantic_extra__.items()}
-            object.__setattr__(new, "__pydantic_extra__", extra)
+        for held in ("__pydantic_extra__", "__pydantic_private__"):  # extras, private attrs
+            values = getattr(value, held, None)
+            if values is not None:
+                object.__setattr__(new, held, {n: _copied(v, memo) for n, v in values.items()})
         return new
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         new = copy.copy(value)
         memo[key] = new
-        for field in dataclasses.fields(value):
-            object.__setattr__(new, field.name, _copied(getattr(value, field.name), memo))
+        # Its fields, and what its `__post_init__` set beside them (slots have no `__dict__`).
+        names = {f.name for f in dataclasses.fields(value)} | set(getattr(value, "__dict__", ()))
+        for name in names:
+            if hasattr(value, name):  # an `init=False` field never set
+                object.__setattr__(new, name, _copied(getattr(value, name), memo))
+        return new
+    if isinstance(value, Secret):  # the value it hides is the input's too
+        return type(value)(_copied(value.get_secret_value(), memo))
+    if isinstance(value, UserDict | UserList):
+        new = copy.copy(value)
+        memo[key] = new
+        new.data = _copied(value.data, memo)
+        return new
+    if isinstance(value, ChainMap):
+        new = type(value)(*(_copied(m, memo) for m in value.maps))
+        memo[key] = new
         return new
     if isinstance(value, dict):
         new = copy.copy(value)  # a subclass's own kind (an OrderedDict, a defaultdict)
