@@ -337,35 +337,118 @@ async def test_a_listing_of_expired_requests_drives_only_the_turns_of_its_page(
         assert await tree.completed(rt) == set(ids)  # the page's turns went on, no other
 
 
-@pytest.mark.parametrize("then", ["expire_due", "worker", "sweep_loop"])
+@pytest.mark.parametrize("then", ["expire_due", "worker"])
 async def test_the_turns_an_expired_listing_left_are_driven_by_a_sweep_or_a_worker(
     store_url: str, then: str
 ) -> None:
     """The turns whose deadlines a listing of expired requests recorded but whose requests its
-    page did not show: a later `expire_due` goes on with them (`_left_undriven`), a worker's
-    claims take them, and a sweep loop's drives (`serve`'s) are handed them as it lists."""
+    page did not show: a later `expire_due` goes on with them (`_left_undriven`), and a
+    worker's claims take them."""
     tree = _SlowPayers()
     flt = PendingFilter(status="expired", limit=PAGE)
     async with so.Runtime([tree.agent], store=store_url, clock=tree.clock) as rt:
         await tree.lapsed(rt)
-        if then == "sweep_loop":
-            drives = SweepDrives(rt)
-            with drives.handing():
-                await rt.pending_page(flt)
-            await asyncio.wait_for(asyncio.gather(*drives.tasks.values()), 10)
-        else:
-            page, _ = await rt.pending_page(flt)
-            assert await tree.completed(rt) == {r.session_id for r in page}
+        page, _ = await rt.pending_page(flt)
+        assert await tree.completed(rt) == {r.session_id for r in page}
         if then == "expire_due":
             assert await rt.expire_due() == DUE - PAGE
-        elif then == "worker":
+        else:
             stop = asyncio.Event()
             working = asyncio.create_task(rt.work(stop=stop, idle_wait=0.05, sweep_every=3600))
-            for _ in range(200):
-                if len(await tree.completed(rt)) == DUE:
-                    break
-                await asyncio.sleep(0.05)
+            await _all_completed(tree, rt)
             stop.set()
             await asyncio.wait_for(working, 10)
         assert await tree.completed(rt) == set(tree.sids)
         assert tree.calls == DUE  # each turn went on once
+
+
+async def _all_completed(tree: _SlowPayers, rt: so.Runtime) -> None:
+    for _ in range(200):
+        if len(await tree.completed(rt)) == DUE:
+            return
+        await asyncio.sleep(0.05)
+
+
+async def test_serve_s_sweep_goes_on_with_the_turns_an_expired_listing_left(
+    store_url: str,
+) -> None:
+    """In `serve` with no workers (`create_app`'s sweep, in its lifespan), the turns whose
+    deadlines a listing of expired requests recorded and did not show are gone on with by the
+    next sweep, in the background."""
+    tree = _SlowPayers()
+    async with so.Runtime([tree.agent], store=store_url, clock=tree.clock) as rt:
+        await tree.lapsed(rt)
+        app = create_app(rt, auth=TokenAuth({"tok": ALICE}), sweep_every=0.2)
+        async with app.router.lifespan_context(app), _client(app) as c:
+            params = {"status": "expired", "limit": str(PAGE)}
+            assert len((await c.get("/v1/requests", params=params)).json()["items"]) == PAGE
+            await _all_completed(tree, rt)
+        assert await tree.completed(rt) == set(tree.sids)
+        assert tree.calls == DUE
+
+
+def _client(app: Any) -> httpx.AsyncClient:
+    transport = httpx.ASGITransport(app=app)
+    headers = {"Authorization": "Bearer tok"}
+    return httpx.AsyncClient(transport=transport, base_url="http://t", headers=headers)
+
+
+async def _expired_page(
+    rt: so.Runtime, c: httpx.AsyncClient | None, offset: int, limit: int
+) -> list[str]:
+    """The sessions of a page of the expired requests, by `rt.pending_page` or over HTTP."""
+    if c is None:
+        flt = PendingFilter(status="expired", limit=limit, offset=offset)
+        return [r.session_id for r in (await rt.pending_page(flt))[0]]
+    params = {"status": "expired", "limit": str(limit), "offset": str(offset)}
+    return [i["session_id"] for i in (await c.get("/v1/requests", params=params)).json()["items"]]
+
+
+@pytest.mark.parametrize("via", ["runtime", "default", "own"])
+async def test_a_later_listing_goes_on_with_the_turns_its_page_shows_that_one_left(
+    store_url: str, via: str
+) -> None:
+    """A listing of expired requests recorded every passed deadline but drove only its page's
+    turns; a later one (page 2, or the first again) recorded nothing new, so it drove none of
+    those it showed either: with neither a sweep nor a worker (an app that never calls
+    `expire_due`, `create_app(sweep_every=None)`), nothing ever went on with them, their
+    requests closed. A listing goes on with the turns its page shows that a recorded deadline
+    left undriven: page 2 with its own, no other, and a page of every one with the rest."""
+    tree = _SlowPayers()
+    async with contextlib.AsyncExitStack() as stack:
+        rt = await stack.enter_async_context(
+            so.Runtime([tree.agent], store=store_url, clock=tree.clock)
+        )
+        await tree.lapsed(rt)
+        c = None
+        if via != "runtime":
+            extra: dict[str, Any] = {}
+            if via == "own":
+                extra["access"] = lambda caller, initiator: caller == initiator
+            app = create_app(rt, auth=TokenAuth({"tok": ALICE}), sweep_every=None, **extra)
+            await stack.enter_async_context(app.router.lifespan_context(app))
+            c = await stack.enter_async_context(_client(app))
+        first = await _expired_page(rt, c, 0, PAGE)
+        assert await tree.completed(rt) == set(first)
+        second = await _expired_page(rt, c, PAGE, PAGE)
+        assert len(second) == PAGE and not set(first) & set(second)
+        assert await tree.completed(rt) == set(first) | set(second)  # its page's, no other
+        assert len(await _expired_page(rt, c, 0, 100)) == DUE
+        assert await tree.completed(rt) == set(tree.sids)
+        assert tree.calls == DUE  # each turn went on once
+
+
+async def test_a_session_s_read_goes_on_with_its_turn_a_listing_left(store_url: str) -> None:
+    """`GET /v1/sessions/{id}` of a session whose deadline a listing of expired requests
+    recorded and left undriven (not on its page) showed it `running` for ever where nothing
+    sweeps; the read goes on with its turn, as it does with one whose deadline it records."""
+    tree = _SlowPayers()
+    async with so.Runtime([tree.agent], store=store_url, clock=tree.clock) as rt:
+        await tree.lapsed(rt)
+        app = create_app(rt, auth=TokenAuth({"tok": ALICE}), sweep_every=None)
+        async with app.router.lifespan_context(app), _client(app) as c:
+            first = await _expired_page(rt, c, 0, PAGE)
+            sid = next(s for s in tree.sids if s not in first)
+            body = (await c.get(f"/v1/sessions/{sid}")).json()
+            assert (body["status"], body["turn"]["status"]) == ("idle", "completed"), body
+        assert await tree.completed(rt) == {*first, sid}

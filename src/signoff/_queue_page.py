@@ -54,9 +54,11 @@ async def keyed_page(
     start): a request that cannot be read is logged and left out (`passing_page`)."""
     if passing is not None:
         read = partial(passing_page, rt.store, log=passing[0], what=passing[1])
-        shown, _, (listed, last) = await _page(rt, flt, read, None, passing)
+        shown, _, (listed, last) = await _page(rt, flt, read, None, passing, left=False)
         return shown, last if listed >= flt.limit else None
-    shown, page, _ = await _page(rt, flt, partial(_uncounted, rt.store), None)
+    # A chunk of a longer read (the server's scan under an app's own rule, a hub's start), not
+    # a page shown: the turns an earlier listing left are gone on with for the page it shows.
+    shown, page, _ = await _page(rt, flt, partial(_uncounted, rt.store), None, left=False)
     if len(page) < flt.limit or not page:
         return shown, None
     return shown, cursor_past(page[-1], flt.after)
@@ -157,15 +159,19 @@ async def _page(
     read: Read[T],
     at: float | None,
     passing: tuple[logging.Logger, str] | None = None,
+    *,
+    left: bool = True,
 ) -> tuple[list[InputRequest], list[InputRequest], T]:
     """The page as of `at` (else now), as shown and as the store listed it: passed deadlines
     it holds are applied first, then the page (and its total) read again. `passing`: as
-    `keyed_page`'s, also for a mirror whose subagent's request cannot be read."""
+    `keyed_page`'s, also for a mirror whose subagent's request cannot be read. `left`: as
+    `Sweeps._go_on_listed`'s."""
     now = rt.now() if at is None else at
     recorded = await record_closed(rt, flt, now)
     page, total = await read(flt)
-    if recorded:  # the turns of those the page lists are gone on with, as below
-        await rt._go_on_listed(recorded, {r.session_id for r in page})
+    # The turns of those the page lists whose deadlines it (or, left undriven, an earlier
+    # listing) recorded are gone on with, as below.
+    await rt._go_on_listed(recorded, page, left=left)
     due = [r for r in page if is_due(r, now)]
     if due and await rt._apply_deadlines(due, listing=True):
         page, total = await read(flt)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextvars import ContextVar
 
 from ._call_guards import closes_stop
@@ -38,6 +38,7 @@ _handing: ContextVar[Callable[[str, float | None], None] | None] = ContextVar(
 runnable are handed to it, to run in the background, instead of driven inside the sweep."""
 
 _LEFT = "session %s: stopping; its turn (its deadline recorded) is left to the next process's sweep"
+_NOT_GONE_ON = "its recorded deadlines not gone on with"
 _DRIVE_FAILED = "its passed deadlines recorded; driving its turn on failed"
 """What a sweep logs when the drive after a session's recorded deadlines fails (a later commit
 of it refused, say), told apart from the deadlines' own record failing ("not applied")."""
@@ -185,15 +186,22 @@ class Sweeps(Messages):
         left: list[str] = []
         for agent in sorted(self.agents):
             for row in await self._maybe_undriven(agent, now):
-                if row.id in self._driving or is_lapsed(row, now) or row.id in left:
+                if is_lapsed(row, now) or row.id in left:
                     continue
-                with one_of_many(log, row.id, "its recorded deadlines not gone on with"):
-                    if await self._busy(row.id):
-                        continue
-                    newest = await self.store.read_events(row.id, types=RESUMPTIONS, newest=1)
-                    if resumed_by_deadline(newest):
+                with one_of_many(log, row.id, _NOT_GONE_ON):
+                    if await self._left_by_deadline(row.id):
                         left.append(row.id)
         return left
+
+    async def _left_by_deadline(self, session_id: str) -> bool:
+        """Whether the turn of a session listed `running` is one a recorded deadline made
+        runnable that no drive has parked or ended since, nor holds now: no drive of it here,
+        its lease not held (`_busy`), and its newest park or request closing a deadline's
+        (`resumed_by_deadline`). `_left_undriven`'s test, and a listing's for its page."""
+        if session_id in self._driving or await self._busy(session_id):
+            return False
+        newest = await self.store.read_events(session_id, types=RESUMPTIONS, newest=1)
+        return resumed_by_deadline(newest)
 
     async def _maybe_undriven(self, agent: str, now: float) -> list[SessionSummary]:
         """The running sessions of `agent` that a deadline may have left undriven: those the
@@ -351,19 +359,42 @@ class Sweeps(Messages):
             wrote()  # what the request does next waits as a worker does: it recorded something
         return listed
 
-    async def _go_on_listed(self, recorded: Sequence[str], shown: Collection[str]) -> None:
-        """Go on with the turns whose deadlines a listing recorded (`_record_listed`): those of
-        the sessions its page `shown` holds are driven here, as a listing of the queue drives
-        those its page meets; the others are handed to a sweep loop's drives where one runs
-        this, else left runnable to a later sweep (`_left_undriven`) or a worker's claims.
-        Driving every one, a listing of expired requests after an outage made all their model
-        calls before it answered."""
-        hand = _handing.get()
-        if hand is not None:
-            for sid in recorded:
-                if sid not in shown:
-                    hand(sid, None)
-        await self._drive_listed([sid for sid in recorded if sid in shown])
+    async def _go_on_listed(
+        self, recorded: Collection[str], page: Sequence[InputRequest], *, left: bool = True
+    ) -> None:
+        """Go on with the turns of the sessions a listing's `page` shows whose passed deadlines
+        it recorded (`_record_listed`), and (`left`) of those whose expired request it shows
+        that an earlier listing or sweep recorded and left undriven (`_left_of`), as a listing
+        of the queue drives those its page meets: bounded by the page. Those it recorded and
+        does not show are left runnable to the next listing showing them, a sweep
+        (`_left_undriven`) or a worker's claims: driving every one, a listing after an outage
+        made all their model calls before it answered."""
+        ran = set(recorded)
+        drive = list(dict.fromkeys(r.session_id for r in page if r.session_id in ran))
+        if left:
+            mine = [r for r in page if r.status == "expired" and r.agent in self.agents]
+            drive += await self._left_of(
+                dict.fromkeys(r.session_id for r in mine if r.session_id not in ran)
+            )
+        await self._drive_listed(drive)
+
+    async def _left_of(self, sessions: Iterable[str]) -> list[str]:
+        """Those of `sessions` a read shows (a listing's page, a session's own read) whose turn
+        a recorded deadline left undriven (`_left_by_deadline`): `running`, of an agent this
+        runtime has, where it drives its own turns; a read showing them goes on with them, as
+        nothing else would in a runtime with neither a sweep nor a worker. A session it cannot
+        tell of is logged and passed: the read is a read."""
+        if not self.inline or to_claims.get():
+            return []  # a worker's claims take them
+        left: list[str] = []
+        for sid in sessions:
+            with contextlib.suppress(SessionExpired), one_of_many(log, sid, _NOT_GONE_ON):
+                state = await self._state(sid)
+                if state.agent not in self.agents or state.status != "running":
+                    continue  # another process's, or its turn parked or ended since
+                if await self._left_by_deadline(sid):
+                    left.append(sid)
+        return left
 
     async def _drive_listed(self, sessions: Sequence[str]) -> None:
         """Drive the turns a listing's deadlines made runnable, `SWEEP_DRIVES` at once; any

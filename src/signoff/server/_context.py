@@ -126,6 +126,11 @@ class ServerContext(OpenRequests, Callers):
         due = [r for r in held.pending_requests() if is_due(r, now)]
         if due and await rt._apply_deadlines(due, listing=True):
             state = await rt.state(session_id)
+        elif state.status == "running" and (left := await rt._left_of([session_id])):
+            # A turn whose deadline a listing recorded and left undriven: gone on with, as this
+            # read would had it recorded that deadline (nothing else may, with no sweep).
+            await rt._drive_listed(left)
+            state = await rt.state(session_id)
         return state
 
     async def _visible(self, session_id: str, caller: Principal) -> None:
@@ -210,8 +215,9 @@ class ServerContext(OpenRequests, Callers):
             if after is None:
                 break
             read += size
-        if recorded:  # the turns of those the page shows, as the store's own listing does
-            await self.runtime._go_on_listed(recorded, {r.session_id for r in page})
+        # The turns of those the page shows whose deadlines it (or, left undriven, an earlier
+        # listing) recorded, as the store's own listing does.
+        await self.runtime._go_on_listed(recorded, page)
         return page, total
 
     async def visible_sessions(
