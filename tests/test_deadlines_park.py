@@ -147,10 +147,10 @@ async def test_a_parked_turn_whose_subagent_another_drive_holds_waits_lease_wait
         held.append((asked.session_id, "elsewhere", token))
 
     agents = _boss(clock, "approve", ran, hold_child)
-    async with so.Runtime(agents, store=store_url, clock=clock, lease_wait=1.5) as rt:
+    async with so.Runtime(agents, store=store_url, clock=clock, lease_wait=3.0) as rt:
         began = time.monotonic()
         r = await rt.generate("boss", prompt="go")
-        assert time.monotonic() - began < 2.7  # one lease_wait (1.5 s), not two
+        assert time.monotonic() - began < 5.5  # one lease_wait (3 s), not two (6 s)
         assert (r.status, r.pending, ran) == ("running", [], [])
         state = await rt.state(r.session_id)
         (mirror,) = state.requests.values()

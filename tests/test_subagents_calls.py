@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import signoff as so
-from signoff import _subagents
+from signoff import _session_cache, _subagents
 from signoff._answers import MAX_TEXT_BYTES
 from signoff.testing import (
     call,
@@ -55,11 +55,13 @@ async def test_delegating_to_an_unknown_agent_is_a_tool_error(tmp_path: Path) ->
 
 
 def test_a_runtime_lacking_a_delegate_target_says_so_when_it_is_made(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Its delegate calls can only fail, so the runtime logs it as it is made, once per process,
     instead of leaving it to the model to find. It is not refused: a process may hold only
-    some agents (to record answers, or to resume a parent whose child ran elsewhere)."""
+    some agents (to record answers, or to resume a parent whose child ran elsewhere). The
+    process's memory of what it said starts empty, so the test holds run again in one process."""
+    monkeypatch.setattr(_session_cache, "_told", set())
     parent = scripted_agent("helpdesk", [reply("hi")], tools=[so.delegate("ledger", name="books")])
     child = scripted_agent("ledger", [reply("done")])
     url = f"sqlite:///{tmp_path}/state.db"
