@@ -4,8 +4,9 @@ request that only the client's reckoning shows closed is sent, for the server to
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,15 @@ def _desk(what: str, ran: list[str]) -> list[so.Agent]:
     return _expiring(ran, "billing")
 
 
+@contextlib.contextmanager
+def _served(tmp_path: Path, what: str, ran: list[str], clock: ManualClock) -> Iterator[str]:
+    """`_desk` on a runtime of the server's `clock`, served by uvicorn: its base URL."""
+    rt = so.Runtime(_desk(what, ran), store=f"sqlite:///{tmp_path}/state.db", clock=clock)
+    app = create_app(rt, auth=TokenAuth(TOKENS), poll_interval=0.05, close_runtime=True)
+    with running(app) as base:
+        yield base
+
+
 @pytest.mark.parametrize("what", ["deadline", "ttl"])
 async def test_a_client_clock_90_s_fast_shows_and_answers_what_the_server_keeps_open(
     tmp_path: Path, what: str
@@ -41,9 +51,7 @@ async def test_a_client_clock_90_s_fast_shows_and_answers_what_the_server_keeps_
     locally (`is expired; it takes no answers`, or `SessionExpired`) that the server took."""
     clock = ManualClock(time.time() - 90)  # the server's: the client's is 90 s ahead of it
     ran: list[str] = []
-    rt = so.Runtime(_desk(what, ran), store=f"sqlite:///{tmp_path}/state.db", clock=clock)
-    app = create_app(rt, auth=TokenAuth(TOKENS), poll_interval=0.05, close_runtime=True)
-    with running(app) as base:
+    with _served(tmp_path, what, ran, clock) as base:
         async with AsyncClient(base, token="alice-token") as c:
             r = await c.generate("billing", "refund 9")
             (asked,) = r.pending
@@ -65,9 +73,7 @@ async def test_a_client_clock_90_s_slow_shows_closed_what_the_server_closed(
     by its own clock. It shows it closed, and the answer meets the server's refusal."""
     clock = ManualClock(time.time() + 90)  # the server's: the client's is 90 s behind it
     ran: list[str] = []
-    rt = so.Runtime(_desk(what, ran), store=f"sqlite:///{tmp_path}/state.db", clock=clock)
-    app = create_app(rt, auth=TokenAuth(TOKENS), poll_interval=0.05, close_runtime=True)
-    with running(app) as base:
+    with _served(tmp_path, what, ran, clock) as base:
         async with AsyncClient(base, token="alice-token") as c:
             r = await c.generate("billing", "refund 9")
             (asked,) = r.pending

@@ -342,6 +342,15 @@ async def test_an_inline_drive_keeps_its_lease_while_a_tools_outcome_is_unrecord
     assert Counter(e.type for e in events)["tool.completed"] == 1
 
 
+def _delegating() -> so.Agent:
+    """A parent whose one call delegates a refund to agent `a` (`_refunds`), then answers."""
+    return scripted_agent(
+        "p",
+        [call_tools(call("a", message="refund", call_id="d1")), reply("Delegated.")],
+        tools=[so.delegate("a")],
+    )
+
+
 async def test_a_subagents_drive_keeps_its_lease_while_a_tools_outcome_is_unrecorded(
     store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -353,11 +362,7 @@ async def test_a_subagents_drive_keeps_its_lease_while_a_tools_outcome_is_unreco
     runs: list[str] = []
     lost: list[_LostCommits] = []
     child = _refunds(runs, lost)
-    parent = scripted_agent(
-        "p",
-        [call_tools(call("a", message="refund", call_id="d1")), reply("Delegated.")],
-        tools=[so.delegate("a")],
-    )
+    parent = _delegating()
     async with (
         so.Runtime([parent, child], store=store_url) as rt,
         so.Runtime([parent, child], store=store_url, lease_wait=0.3) as other,
@@ -419,11 +424,7 @@ async def test_a_runtime_closing_with_a_subagents_outcome_unrecorded_tries_then_
     runs: list[str] = []
     lost: list[_LostCommits] = []
     child = _refunds(runs, lost)
-    parent = scripted_agent(
-        "p",
-        [call_tools(call("a", message="refund", call_id="d1")), reply("Delegated.")],
-        tools=[so.delegate("a")],
-    )
+    parent = _delegating()
     async with so.Runtime([parent, child], store=store_url, lease_wait=0.3) as other:
         rt = so.Runtime([parent, child], store=store_url)
         lost.append(_LostCommits(rt, monkeypatch))
