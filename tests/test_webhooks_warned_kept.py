@@ -117,6 +117,10 @@ async def test_the_store_memo_of_a_warning_is_dropped_when_the_request_closes(
                 await hub.poll()
             assert await memo(rt, hub, hooks, req.id) == "true"
             assert hooks.recall(f"warned:{req.id}") is True
+            # Delivered before the deadline moves: a warning still queued when its request
+            # closes or escalates is dropped unsent (`still_due`), by design.
+            await hooks.drain()
+            assert sent(receiver, "request.expiring") == [req.id]
             principal = None
             if close == "escalated-then-answered":
                 clock.advance(61)
