@@ -92,6 +92,18 @@ async def test_a_settled_requests_row_rewritten_is_named(store_url: str) -> None
     set_resolution(store_url, refund, stored.resolution)
     assert await problems_of(store_url, clock) == []
 
+    # what the expired wipe's deadline did dropped: a late answer would be told another close
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt:
+        expired = await rt.store.get_request(wiped)
+    assert expired is not None and expired.resolution is not None
+    assert expired.resolution["on_timeout"] is not None
+    untold = {k: v for k, v in expired.resolution.items() if k != "on_timeout"}
+    set_resolution(store_url, wiped, untold)
+    (reason,) = await problems_of(store_url, clock, sid)
+    assert wiped in reason and "its resolution's on_timeout differ" in reason, reason
+    set_resolution(store_url, wiped, expired.resolution)
+    assert await problems_of(store_url, clock) == []
+
     # the expired wipe turned into an approval, then reopened for anyone to approve
     alter(
         store_url,

@@ -19,9 +19,10 @@ __all__ = ["Found", "Leftovers", "RequestTrail", "request_rows"]
 PAGE = 1000  # rows read at once
 
 _TYPES = frozenset({"input.requested", "approval.candidate", "approval.settled", "input.resolved"})
-_REQUIRED = ("outcome", "by", "answer", "edited_input", "approved_by")
+_REQUIRED = ("outcome", "by", "answer", "edited_input", "approved_by", "on_timeout")
 """What a resolution must carry whenever its entries record it (not null): who answered, how,
-and the edit or the votes approved; other keys it holds must only agree with the entries."""
+the edit or the votes approved, and what a passed deadline did (what a late answer is told);
+other keys it holds must only agree with the entries."""
 
 
 Found = tuple[int, str, int, str]
