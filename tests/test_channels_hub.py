@@ -576,8 +576,9 @@ async def _async_clock() -> float:
         (_async_clock, "must be a plain function returning the time, not .* an async one"),
         (ManualClock, r"is the class ManualClock: pass a clock, such as ManualClock\(\)"),
         (1_700_000_000.0, "must be a function returning the time"),
+        (lambda skew: 1_700_000_000.0 + skew, "must be a function of no arguments"),
     ],
-    ids=["async", "class", "number"],
+    ids=["async", "class", "number", "arguments"],
 )
 def test_a_clock_that_is_no_clock_is_refused_when_the_channel_is_made(
     tmp_path: Path, clock: Any, why: str

@@ -4,6 +4,7 @@ the bound on bytes a follower reads at once."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,28 @@ def test_runtime_refuses_an_async_clock_and_names_a_coroutine_a_clock_returns(
     try:
         with pytest.raises(so.UsageError, match=r"clock returned <coroutine object"):
             rt.generate_sync("a", prompt="hello")
+    finally:
+        rt.close_sync()
+
+
+def _skewed(skew: float) -> float:
+    return 1_000.0 + skew
+
+
+def test_runtime_refuses_a_clock_that_needs_arguments_before_opening_the_store(
+    tmp_path: Path,
+) -> None:
+    """A clock needing an argument was taken, the store file made, and the first call failed
+    with a bare TypeError; it is refused as the runtime is made, nothing opened. One with its
+    arguments bound is a clock."""
+    path = tmp_path / "s.db"
+    with pytest.raises(so.UsageError, match=r"clock must be a function of no arguments .*skew"):
+        so.Runtime([], store=f"sqlite:///{path}", clock=_skewed)  # type: ignore[arg-type]
+    assert not path.exists()
+    agent = scripted_agent("a", [reply("hi")])
+    rt = so.Runtime([agent], store=f"sqlite:///{path}", clock=functools.partial(_skewed, 5.0))
+    try:
+        assert rt.generate_sync("a", prompt="hello").text == "hi"
     finally:
         rt.close_sync()
 

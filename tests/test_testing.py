@@ -375,13 +375,14 @@ def test_an_execution_log_file_with_a_line_it_cannot_read_names_the_file_and_lin
     log.record(
         testing.Execution(tool_name="t", session_id="s", call_id="c", idempotency_key="k", input={})
     )
-    good = path.read_text()
+    good = path.read_bytes()
     for bad, says in (
-        ('{"tool_name": "t", "extra": 1}', "extra"),
-        ('["not", "an", "object"]', "object"),
-        ("{not json", "JSON"),
+        (b'{"tool_name": "t", "extra": 1}', "extra"),
+        (b'["not", "an", "object"]', "object"),
+        (b"{not json", "JSON"),
+        (b'{"tool_name": "caf\xe9"}', "not UTF-8"),  # was a bare UnicodeDecodeError
     ):
-        path.write_text(good + "\n" + bad + "\n")
+        path.write_bytes(good + b"\n" + bad + b"\n")
         with pytest.raises(so.UsageError) as caught:
             log.count()
         message = str(caught.value)

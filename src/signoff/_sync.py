@@ -472,8 +472,8 @@ def is_async(fn: object) -> bool:
 
 def checked_clock(clock: object, what: str = "clock") -> None:
     """Refuse what cannot be a clock (`Runtime`, the channels and their hub read one without
-    awaiting it): no function, a class (its instances were taken for the time), or an async
-    function (its coroutine was). `UsageError` naming `what`."""
+    awaiting it): no function, a class (its instances were taken for the time), an async
+    function (its coroutine was), or one that needs arguments. `UsageError` naming `what`."""
     if not callable(clock):
         raise UsageError(f"{what} must be a function returning the time, not {clock!r}")
     if isinstance(clock, type):
@@ -484,6 +484,17 @@ def checked_clock(clock: object, what: str = "clock") -> None:
         raise UsageError(
             f"{what} must be a plain function returning the time, not {clock!r}, an async one"
         )
+    try:
+        signature = inspect.signature(clock)
+    except (TypeError, ValueError):  # no signature to read (some builtins): left to the call
+        return
+    try:
+        signature.bind()
+    except TypeError:  # it needs arguments: every reading was a bare TypeError
+        raise UsageError(
+            f"{what} must be a function of no arguments returning the time, not {clock!r}, "
+            f"which takes {signature}"
+        ) from None
 
 
 def checked_sleep(sleep: object, what: str = "sleep") -> None:

@@ -82,11 +82,15 @@ class Execution:
     replay: bool = False
 
 
-def _execution(line: str, path: Path, number: int) -> Execution:
+def _execution(raw: bytes, path: Path, number: int) -> Execution:
     """The execution line `number` of the log at `path` records; a line it cannot read (another
     signoff's, or a file that is no execution log) is a `UsageError`, never skipped: a count
     that left it out would lie."""
     where = f"execution log {path}, line {number}"
+    try:
+        line = raw.decode()
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{where}: not UTF-8 text ({exc})") from None
     try:
         fields = json.loads(line)
     except ValueError as exc:
@@ -156,7 +160,7 @@ class ExecutionLog:
             return list(self._executions)
         if not self.path.exists():
             return []
-        lines = self.path.read_text().splitlines()
+        lines = self.path.read_bytes().splitlines()
         return [_execution(line, self.path, n) for n, line in enumerate(lines, 1) if line.strip()]
 
     def of(self, tool_name: str | None = None, *, replays: bool = True) -> list[Execution]:
