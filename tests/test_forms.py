@@ -15,12 +15,23 @@ from pathlib import Path
 import httpx
 import pytest
 
+import signoff as so
+from signoff.server import TokenAuth, create_app
 from signoff.server._forms import check_form, form_token
 from signoff.stores import SessionSummary
 from signoff.stores._audit import AuditRow
 
 from ._dashboard import csrf_of, signed_in, start
-from .test_server_common import ALICE, BOB, PLAIN, auth, make_runtime, served
+from .test_server_common import (
+    ALICE,
+    BOB,
+    PLAIN,
+    TOKENS,
+    auth,
+    make_runtime,
+    running,
+    served,
+)
 
 SECRET = "forms-test-secret"
 
@@ -311,3 +322,54 @@ def test_a_token_is_bound_to_the_viewers_full_identity() -> None:
     raw = "\0".join(("signoff-form", "token", "alice", "10", "nonce")).encode()
     mac = base64.urlsafe_b64encode(hmac.new(b"k", raw, hashlib.sha256).digest()[:18]).decode()
     assert check_form(b"k", ALICE, f"10.nonce.{mac}", 50.0, 100.0) == ("nonce", 10)
+
+
+# A principal may hold a lone surrogate (an authenticator passing a JWT claim's "\ud800" on).
+EVE = so.Principal(authenticator="token", principal_id="eve", attributes={"tenant": "acme"})
+ODD_EVE = EVE.model_copy(update={"principal_id": "eve\ud800"})
+
+
+def test_a_viewer_with_a_lone_surrogate_gets_the_forms_pages_and_sends_them(
+    tmp_path: Path,
+) -> None:
+    """The token's MAC encoded the viewer strictly as UTF-8: every page carrying a form token
+    (a session's page, its fragment, /new) was a 500 for such a viewer."""
+    app = create_app(
+        make_runtime(f"sqlite:///{tmp_path}/state.db"),
+        auth=TokenAuth({**TOKENS, "odd-token": ODD_EVE}),
+        secret=SECRET,
+    )
+    with running(app) as base, signed_in(base, "odd-token") as c:
+        page = c.get("/_signoff/new")
+        assert page.status_code == 200, page.text
+        form = {"agent": "support", "message": "Refund 1042", "csrf": csrf_of(page.text)}
+        first = c.post("/_signoff/sessions", data={**form, "form": form_of(page.text)})
+        assert first.status_code == 303, first.text
+        where = first.headers["location"]
+        page = c.get(where)
+        assert page.status_code == 200, page.text
+        fragment = c.get(where.replace("/_signoff/", "/_signoff/fragments/"))
+        assert fragment.status_code == 200, fragment.text
+        sent = {"message": "thanks", "csrf": csrf_of(page.text), "form": form_of(page.text)}
+        r = c.post(f"{where}/messages", data=sent)
+        assert r.status_code == 303, r.text
+        assert c.post(f"{where}/messages", data=sent).status_code == 303  # acts once
+        sid = where.rsplit("/", 1)[1]
+        r = httpx.get(
+            f"{base}/v1/sessions/{sid}/events?follow=false", headers=auth("odd-token"), verify=PLAIN
+        )
+        events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
+        said = [e["data"]["message"] for e in events if e.get("type") == "turn.message"]
+        assert said == ["thanks"]
+
+
+def test_a_token_for_a_viewer_with_a_lone_surrogate_is_theirs_alone() -> None:
+    mine, theirs = form_token(b"k", ODD_EVE, 10.0), form_token(b"k", EVE, 10.0)
+    assert check_form(b"k", ODD_EVE, mine, 50.0, 100.0) is not None
+    assert check_form(b"k", EVE, mine, 50.0, 100.0) is None
+    assert check_form(b"k", ODD_EVE, theirs, 50.0, 100.0) is None
+    # nor for the viewer whose id is that surrogate's escape, or its UTF-8 bytes as text
+    for other in ("eve\\ud800", "eve\xed\xa0\x80", "eve\udced\udca0\udc80", "eve\ufffd"):
+        named = EVE.model_copy(update={"principal_id": other})
+        assert check_form(b"k", named, mine, 50.0, 100.0) is None
+        assert check_form(b"k", ODD_EVE, form_token(b"k", named, 10.0), 50.0, 100.0) is None

@@ -39,7 +39,9 @@ def _viewer(viewer: Principal) -> tuple[str, ...]:
 
 
 def _mac(key: bytes, viewer: Principal, issued: str, nonce: str) -> str:
-    raw = "\0".join((*_viewer(viewer), issued, nonce)).encode()
+    """The token's MAC. A lone surrogate in the viewer (a JWT claim's `"\\ud800"`) is encoded
+    as the bytes UTF-8 would give it, which no valid text encodes to; valid text is unchanged."""
+    raw = "\0".join((*_viewer(viewer), issued, nonce)).encode("utf-8", "surrogatepass")
     return base64.urlsafe_b64encode(hmac.new(key, raw, hashlib.sha256).digest()[:18]).decode()
 
 
