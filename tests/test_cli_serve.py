@@ -232,26 +232,45 @@ def test_serve_refuses_incomplete_channel_options(
     [("whsec_abc\n", "has spaces or a newline around it"), (" ", "is blank")],
 )
 @pytest.mark.parametrize("exported", [False, True])
-def test_serve_refuses_a_webhook_secret_with_blanks_around_it_unshown(
-    secret: str, problem: str, exported: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+@pytest.mark.parametrize(
+    ("channel", "flag", "envvar"),
+    [
+        (["--webhook", "http://127.0.0.1:9/hook"], "--webhook-secret", "SIGNOFF_WEBHOOK_SECRET"),
+        (
+            ["--slack-channel", "C0123", "--slack-token", "xoxb-1"],
+            "--slack-signing-secret",
+            "SLACK_SIGNING_SECRET",
+        ),
+    ],
+)
+def test_serve_refuses_a_signing_secret_with_blanks_around_it_unshown(
+    secret: str,
+    problem: str,
+    exported: bool,
+    channel: list[str],
+    flag: str,
+    envvar: str,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
 ) -> None:
     """SIGNOFF_WEBHOOK_SECRET read from a file written by `echo` ends in a newline: `serve`
-    signed every delivery with it, and each receiver answered 401, a final refusal. Refused
-    before the server starts, naming the option, not the secret."""
+    signed every delivery with it, and each receiver answered 401, a final refusal; a Slack
+    signing secret with it refused every click Slack sent. Refused before the server starts,
+    naming the option, not the secret."""
     import uvicorn
 
     started: list[Any] = []
     monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: started.append(self))
-    monkeypatch.delenv("SIGNOFF_WEBHOOK_SECRET", raising=False)
-    args = ["--webhook", "http://127.0.0.1:9/hook"]
+    monkeypatch.delenv(envvar, raising=False)
+    args = list(channel)
     if exported:
-        monkeypatch.setenv("SIGNOFF_WEBHOOK_SECRET", secret)
+        monkeypatch.setenv(envvar, secret)
     else:
-        args += ["--webhook-secret", secret]
+        args += [flag, secret]
     store = f"sqlite:///{tmp_path}/state.db"
     result = invoke("serve", "examples.support:runtime", "--store", store, *args)
     message = refused_usage(result)
-    assert f"--webhook-secret (or SIGNOFF_WEBHOOK_SECRET) {problem}" in message
+    assert f"{flag} (or {envvar}) {problem}" in message
     assert "whsec_" not in result.output
     assert started == []
 

@@ -67,7 +67,7 @@ def refuse_missing_secrets(
     slack_signing_secret: str | None,
 ) -> None:
     """Refuse a channel asked for without the secrets it needs, naming a variable of one set but
-    empty (which Click takes for unset)."""
+    empty (which Click takes for unset), or with a signing secret with blanks around it."""
     for used, value, envvar, flag in (
         (webhooks, webhook_secret, "SIGNOFF_WEBHOOK_SECRET", "--webhook-secret"),
         (slack_channel is not None, slack_token, "SLACK_BOT_TOKEN", "--slack-token"),
@@ -82,15 +82,25 @@ def refuse_missing_secrets(
             raise UsageError(set_but_empty(envvar, f"give {flag}"))
     if webhooks and not webhook_secret:
         raise UsageError("--webhook needs --webhook-secret (or SIGNOFF_WEBHOOK_SECRET)")
-    if webhooks and webhook_secret and webhook_secret != webhook_secret.strip():
-        # Not shown (a secret): every delivery would be signed with the blanks, and refused.
-        problem = "is blank" if not webhook_secret.strip() else "has spaces or a newline around it"
-        raise UsageError(f"--webhook-secret (or SIGNOFF_WEBHOOK_SECRET) {problem}: drop them")
     if slack_channel is not None and (not slack_token or not slack_signing_secret):
         raise UsageError(
             "--slack-channel needs --slack-token and --slack-signing-secret "
             "(or SLACK_BOT_TOKEN and SLACK_SIGNING_SECRET)"
         )
+    for used, value, envvar, flag in (
+        (webhooks, webhook_secret, "SIGNOFF_WEBHOOK_SECRET", "--webhook-secret"),
+        (
+            slack_channel is not None,
+            slack_signing_secret,
+            "SLACK_SIGNING_SECRET",
+            "--slack-signing-secret",
+        ),
+    ):
+        if used and value and value != value.strip():
+            # Not shown (a secret): every delivery would be signed with the blanks, every click
+            # Slack signs without them checked with them, and refused.
+            problem = "is blank" if not value.strip() else "has spaces or a newline around it"
+            raise UsageError(f"{flag} (or {envvar}) {problem}: drop them")
 
 
 def exported_empty(value: str | None, envvar: str) -> bool:

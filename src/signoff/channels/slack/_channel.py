@@ -151,6 +151,11 @@ class SlackChannel(Channel):
             )
         if not isinstance(signing_secret, str) or not signing_secret.strip():
             raise UsageError("SlackChannel needs the Slack app's signing secret")
+        if signing_secret != signing_secret.strip():  # not shown: it is a secret
+            # A secret file's newline: Slack signs without it, so every click was refused (401).
+            raise UsageError(
+                "SlackChannel: the signing secret has spaces or a newline around it: drop them"
+            )
         for what, secret in (("signing secret", signing_secret), ("bot token", token)):
             try:
                 (secret or "").encode("ascii")
