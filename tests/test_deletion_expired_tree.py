@@ -124,3 +124,120 @@ async def test_an_expired_tree_a_subagents_own_turn_holds_is_refused_unchanged(
         assert await rt.prune(older_than=60, by=OPS) == []
         assert await _heads(rt, [desk, helper]) == before
         assert await rt.audit(stream=DELETIONS_STREAM) == []
+
+
+@pytest.mark.parametrize("how", ["delete", "prune"])
+@pytest.mark.parametrize("loaded", [False, True])
+async def test_a_finished_tree_whose_subagents_own_turn_expired_is_deleted_whole(
+    store_url: str, how: str, loaded: bool
+) -> None:
+    """`desk`'s turn ended; `helper` (TTL 60 s), its subagent, waits on a refund a message to it
+    asked for, and its own TTL passes. Only the desk's expiry was recorded (it has none): the
+    deletion was refused naming the helper's dead request, and every prune skipped the tree,
+    until something read the helper. Its expiry is recorded as its agent records it, and the
+    tree goes."""
+    clock = ManualClock()
+    agents = nested_desks("helper")
+    async with so.Runtime(agents, store=store_url, clock=clock) as rt:
+        r = await rt.generate("desk", prompt="ask:where is order 3?", auth=ALICE)
+        assert r.status == "completed"
+        desk = r.session_id
+        [helper] = [s.id for s in await rt.sessions(agent="helper")]
+        assert (await rt.generate(session_id=helper, prompt="refund 6", auth=ALICE)).pending
+    clock.advance(120)
+    async with so.Runtime(agents if loaded else [], store=store_url, clock=clock) as rt:
+        if how == "delete":
+            assert await rt.delete_session(desk, by=OPS) == [desk, helper]
+        else:
+            assert await rt.prune(older_than=60, by=OPS) == [desk]
+        assert await rt.sessions() == []
+        assert await rt.pending() == []
+        [entry] = await rt.audit(stream=DELETIONS_STREAM)
+        assert [s["id"] for s in entry.data["sessions"]] == [desk, helper]
+        assert await rt.verify_audit() == []
+
+
+@pytest.mark.parametrize("loaded", [False, True])
+async def test_a_tree_whose_delegated_subagent_expired_under_a_live_turn_is_refused_unchanged(
+    store_url: str, loaded: bool
+) -> None:
+    """`desk` (no TTL) waits on `helper` (TTL 60 s), which waits on a person; the helper's TTL
+    passes. Its expiry would let the desk's turn go on, so the deletion is refused with nothing
+    recorded, and a prune skips it."""
+    clock = ManualClock()
+    agents = nested_desks("helper")
+    async with so.Runtime(agents, store=store_url, clock=clock) as rt:
+        r = await rt.generate("desk", prompt="ask:refund 4", auth=ALICE)
+        assert r.status == "waiting"
+        desk = r.session_id
+        [helper] = [s.id for s in await rt.sessions(agent="helper")]
+        before = await _heads(rt, [desk, helper])
+    clock.advance(120)
+    async with so.Runtime(agents if loaded else [], store=store_url, clock=clock) as rt:
+        with pytest.raises(so.SessionWaiting) as refused:
+            await rt.delete_session(desk, by=OPS)
+        assert helper in refused.value.held_by
+        assert await rt.prune(older_than=60, by=OPS) == []
+        assert await _heads(rt, [desk, helper]) == before
+        assert await rt.audit(stream=DELETIONS_STREAM) == []
+
+
+def _own_delegation() -> list[so.Agent]:
+    """`top` asks `mid` a question (`mid` answers); `mid` (TTL 60 s), told `go`, delegates to
+    `low`, which asks for a refund's approval."""
+
+    @so.tool(approval=so.always())
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    def asked(conversation: list[Any]) -> str | None:
+        last = conversation[-1]
+        return last.text if isinstance(last, so.UserMessage) else None
+
+    def top(conversation: list[Any]) -> so.ModelResponse:
+        return call_tools(call("mid", message="hi")) if asked(conversation) else reply("done")
+
+    def mid(conversation: list[Any]) -> so.ModelResponse:
+        text = asked(conversation)
+        if text is None:
+            return reply("done")
+        return call_tools(call("low", message="refund")) if text == "go" else reply("hello")
+
+    def low(conversation: list[Any]) -> so.ModelResponse:
+        return call_tools(call("refund", order_id="1")) if asked(conversation) else reply("ok")
+
+    return [
+        scripted_agent("top", [top], tools=[so.delegate("mid")], repeat_last=True),
+        scripted_agent(
+            "mid", [mid], tools=[so.delegate("low")], repeat_last=True, limits=so.Limits(ttl=60)
+        ),
+        scripted_agent("low", [low], tools=[refund], repeat_last=True),
+    ]
+
+
+@pytest.mark.parametrize("how", ["delete", "prune"])
+@pytest.mark.parametrize("loaded", [False, True])
+async def test_a_subagents_own_expired_turn_ends_the_delegated_turn_it_waits_on(
+    store_url: str, how: str, loaded: bool
+) -> None:
+    """`top`'s turn ended; a message to `mid`, its subagent, started a turn of `mid`'s own that
+    delegates to `low`, which waits on a person; `mid`'s TTL passes. Its expiry, recorded as
+    its agent records it, cancels the delegated turn under it, and the tree goes."""
+    clock = ManualClock()
+    agents = _own_delegation()
+    async with so.Runtime(agents, store=store_url, clock=clock) as rt:
+        r = await rt.generate("top", prompt="ask", auth=ALICE)
+        assert r.status == "completed"
+        [mid] = [s.id for s in await rt.sessions(agent="mid")]
+        assert (await rt.generate(session_id=mid, prompt="go", auth=ALICE)).status == "waiting"
+        [low] = [s.id for s in await rt.sessions(agent="low")]
+    clock.advance(120)
+    async with so.Runtime(agents if loaded else [], store=store_url, clock=clock) as rt:
+        if how == "delete":
+            assert await rt.delete_session(r.session_id, by=OPS) == [r.session_id, mid, low]
+        else:
+            assert await rt.prune(older_than=60, by=OPS) == [r.session_id]
+        assert await rt.sessions() == []
+        assert await rt.pending() == []
+        assert await rt.verify_audit() == []

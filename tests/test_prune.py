@@ -4,6 +4,7 @@ oldest first, a bounded batch at a time, each with its subagents' sessions and i
 
 from __future__ import annotations
 
+import asyncio
 import io
 import math
 from typing import Any
@@ -106,6 +107,37 @@ async def test_a_batch_takes_the_oldest_first_up_to_the_limit(store_url: str) ->
         assert await rt.prune(older_than=3600, limit=2) == []
         assert len(await rt.audit(stream=DELETIONS_STREAM)) == 5
         assert await rt.verify_audit() == []
+
+
+async def test_a_prune_lets_the_loops_other_tasks_run_between_its_deletions(
+    store_url: str,
+) -> None:
+    """A SQLite store never suspends, and a prune's loop over its deletions never yielded: it
+    held the event loop for the whole batch (10,000 sessions: 34 s, past a lease's TTL, so a
+    drive beside it lost its lease). A task beside it now runs between each two deletions."""
+    clock = ManualClock()
+    async with so.Runtime(agents(), store=store_url, clock=clock) as rt:
+        await asyncio.gather(*(rt.generate("chat", prompt="hi") for _ in range(200)))
+        clock.advance(DAY)
+        ticks = 0
+        pruning = True
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while pruning:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        beside = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        first = ticks
+        try:
+            assert len(await rt.prune(older_than=3600)) == 200
+        finally:
+            pruning = False
+            await beside
+        assert ticks - first >= 200
+        assert await rt.sessions() == []
 
 
 async def test_sessions_it_must_skip_take_no_place_in_the_batch(store_url: str) -> None:

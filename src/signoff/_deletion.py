@@ -3,6 +3,7 @@ sessions, in one transaction that also records who deleted it and why in the aud
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 import logging
@@ -116,9 +117,10 @@ class Deletion(EventStream):
         recorded (by whom, why, where each chain ended) in the audit stream `store:deletions`.
         Returns the ids deleted, the session's first. Refused, nothing changed: a turn running
         or with work to do, under a lease or not, before its TTL passes (`SessionBusy`), or
-        waiting on people (`SessionWaiting`): cancel it first (past its TTL, its expiry is
-        recorded as its agent records it, and it is deleted); a subagent's
-        session whose parent exists (`SubagentSession`); an unknown id (`UnknownSession`).
+        waiting on people (`SessionWaiting`): cancel it first (past its TTL, or that of a
+        subagent whose own turn holds them, the expiry is recorded as its agent records it, and
+        it is deleted); a subagent's session whose parent exists (`SubagentSession`); an
+        unknown id (`UnknownSession`).
 
         `force`: delete it unfinished too, its open requests with it, for a session no cancel
         can finish (a damaged one: `StoreError`), or whose row cannot be read (`StoreDamaged`).
@@ -217,6 +219,9 @@ class Deletion(EventStream):
                         break
                 session_id, place = ahead.pop()
                 listed.append(session_id)
+                # A store that never suspends (SQLite's) held the loop for the whole prune: a
+                # server answered nothing, and a drive renewed no lease, while thousands went.
+                await asyncio.sleep(0)
                 try:
                     erased = await self._erase(
                         session_id, who, reason, before=before, durable=False, damaged=damaged
@@ -274,10 +279,11 @@ class Deletion(EventStream):
                 raise
             return _unread(session_id, exc, damaged)
         except SessionWaiting as waiting:
-            # Waiting on requests no one can answer any more (its TTL passed): recorded as a
+            # Waiting on requests no one can answer any more (a TTL passed): recorded as a
             # listing would record it (they expire), then deleted. Recording it, its subagents'
             # turns cancelled with it, is no activity (`records_expiry`), and a session past its
-            # TTL comes to life no more: no `before` then.
+            # TTL comes to life no more: no `before` then (but while only a subagent's own turn
+            # expired, the session itself may yet be touched).
             try:
                 expired = await self._expired_now(session_id, waiting.held_by)
             except STORE_FAILING:
@@ -288,26 +294,66 @@ class Deletion(EventStream):
                 return _unread(session_id, exc, damaged)
             if not expired:
                 raise
-            ids = await delete(session_id, now=self.now(), by=who, reason=reason, durable=durable)
+            again = {} if before is None or session_id in expired else {"before": before}
+            ids = await delete(
+                session_id, now=self.now(), by=who, reason=reason, durable=durable, **again
+            )
         for sid in ids:
             self._cache.pop(sid, None)
         return ids
 
-    async def _expired_now(self, session_id: str, held_by: Sequence[str] = ()) -> bool:
-        """Record the session's passed TTL, if it passed with its turn unfinished, as its expiry
-        records it: the delegated turns it waits on cancelled, its requests expired. Whether it
-        did; not (nothing recorded) if a request of `held_by`'s sessions would stay open (a
-        subagent's own turn, which its parent's expiry leaves alone)."""
-        state = await self._state(session_id)
-        turn = state.turn
-        if not (state.expired(self.now()) and expiry_specs(state) and turn is not None):
+    async def _expired_now(self, session_id: str, held_by: Sequence[str] = ()) -> list[str]:
+        """Record the passed TTLs that leave the open requests of the session's tree to no one,
+        as their agents record them: the session's, and that of each session above a request of
+        `held_by`'s whose own turn (a subagent's a message started, which its parent's expiry
+        leaves alone) is unfinished past its own TTL, each with the delegated turns it waits
+        on. The ids whose expiry it recorded; none (nothing recorded) if a request would stay
+        open."""
+        ends: dict[str, dict[str, SessionState]] = {}  # each expiring session: the turns it ends
+        seen: set[str] = set()
+        for holder in dict.fromkeys([session_id, *held_by]):
+            path: list[SessionState] = []  # the holder, then the sessions above it
+            sid: str | None = holder
+            while sid is not None and sid not in seen:
+                seen.add(sid)
+                try:
+                    state = await self._state(sid)
+                except UnknownSession:
+                    break
+                path.append(state)
+                sid = None if sid == session_id else state.parent
+            for state in reversed(path):  # a parent's first, whose expiry ends what it awaits
+                if await self._expiring(state, session_id):
+                    ends[state.id] = await self._finished_with(state)
+        if not ends or not {sid for ended in ends.values() for sid in ended}.issuperset(held_by):
+            return []
+        for ended in ends.values():
+            await self._record_ends(ended)
+        return list(ends)
+
+    async def _expiring(self, state: SessionState, top: str) -> bool:
+        """Whether the session's TTL passed with its turn unfinished, and its expiry ends that
+        turn for good: not a subagent's turn its parent's (unexpired) turn awaits, which would
+        go on with the failure."""
+        if not (state.expired(self.now()) and expiry_specs(state) and state.turn is not None):
             return False
-        top, *kids = (await self._finished_with(state)).values()
-        if not {top.id, *(k.id for k in kids)}.issuperset(held_by):
-            return False
+        if state.id == top or state.parent is None:
+            return True
+        try:
+            parent = await self._state(state.parent)
+        except UnknownSession:
+            return True
+        return state.id not in awaited(parent)
+
+    async def _record_ends(self, ended: dict[str, SessionState]) -> None:
+        """Record the expiry of the first of `ended` (`_finished_with`'s), as its agent records
+        it: the delegated turns it waits on cancelled, then its own requests expired."""
+        top, *kids = ended.values()
+        turn = top.turn
+        assert turn is not None  # `_expiring`'s: an unfinished turn
         if top.agent in self.agents:  # its subagents' turns cancelled first, then its expiry
             with contextlib.suppress(SessionExpired, StoreError):
-                await self._checked(session_id)
+                await self._checked(top.id)
         # What that left (no agent of theirs here), or all of it for a runtime without the
         # agent (the CLI's on --store), in the same order: nothing drives these sessions,
         # deleted next.
@@ -316,8 +362,7 @@ class Deletion(EventStream):
         if top.agent not in self.agents:
             # Recorded as a stand-in, as a subagent's mirror closed is (`_append`).
             with contextlib.suppress(StoreError):
-                await self._append(session_id, _expiry(self.now), durable=True, turn_id=turn.id)
-        return True
+                await self._append(top.id, _expiry(self.now), durable=True, turn_id=turn.id)
 
     async def _end_delegated(self, kid: SessionState) -> None:
         """End the delegated turn of `kid` its parent's expiry ends, unless it ended already:
