@@ -364,19 +364,33 @@ class Sweeps(Messages):
     ) -> None:
         """Go on with the turns of the sessions a listing's `page` shows whose passed deadlines
         it recorded (`_record_listed`), and (`left`) of those whose expired request it shows
-        that an earlier listing or sweep recorded and left undriven (`_left_of`), as a listing
+        that an earlier listing or sweep recorded and left undriven (`_left_on`), as a listing
         of the queue drives those its page meets: bounded by the page. Those it recorded and
         does not show are left runnable to the next listing showing them, a sweep
         (`_left_undriven`) or a worker's claims: driving every one, a listing after an outage
         made all their model calls before it answered."""
         ran = set(recorded)
         drive = list(dict.fromkeys(r.session_id for r in page if r.session_id in ran))
-        if left:
-            mine = [r for r in page if r.status == "expired" and r.agent in self.agents]
-            drive += await self._left_of(
-                dict.fromkeys(r.session_id for r in mine if r.session_id not in ran)
-            )
-        await self._drive_listed(drive)
+        await self._drive_listed(drive, left=await self._left_on(page, ran) if left else ())
+
+    async def _left_on(self, page: Sequence[InputRequest], ran: Collection[str]) -> list[str]:
+        """Of the sessions whose expired request `page` shows (of this runtime's agents, but
+        those whose deadlines the listing recorded: `ran`), those whose turn a recorded deadline
+        left undriven (`_left_of`), asking the store first which may be (`_maybe_undriven`, one
+        query an agent): loading every one's state to tell, a listing of 500 expired requests
+        whose turns had all ended took 2.8 s where it took 0.35 s (PostgreSQL)."""
+        if not self.inline or to_claims.get():
+            return []  # a worker's claims take them
+        mine = {
+            r.session_id: r.agent
+            for r in page
+            if r.status == "expired" and r.agent in self.agents and r.session_id not in ran
+        }
+        now = self.now()
+        maybe: set[str] = set()
+        for agent in sorted(set(mine.values())):
+            maybe.update(row.id for row in await self._maybe_undriven(agent, now))
+        return await self._left_of(sid for sid in mine if sid in maybe)
 
     async def _left_of(self, sessions: Iterable[str]) -> list[str]:
         """Those of `sessions` a read shows (a listing's page, a session's own read) whose turn
@@ -396,26 +410,55 @@ class Sweeps(Messages):
                     left.append(sid)
         return left
 
-    async def _drive_listed(self, sessions: Sequence[str]) -> None:
-        """Drive the turns a listing's deadlines made runnable, `SWEEP_DRIVES` at once; any
-        failure is logged, not raised: the listing is a read, and the turn is retried later.
-        A turn a recorded deadline resumed is not cut short (not `promptly`)."""
+    async def _drive_listed(self, sessions: Sequence[str], left: Sequence[str] = ()) -> None:
+        """Drive the turns a read's deadlines made runnable (`sessions`) and those it found a
+        recorded deadline left undriven (`left`), `SWEEP_DRIVES` at once; any failure is
+        logged, not raised: the read is a read, and the turn is retried later. A turn a
+        recorded deadline resumed is not cut short (not `promptly`). One of `left` another
+        drive holds is left to it, as a sweep leaves it: waiting `lease_wait` for it, the read
+        showed it `running` all the same. A store refusing a drive (one this process may only
+        read) is said once a session, not at every read showing it."""
         slots = asyncio.Semaphore(SWEEP_DRIVES)
+        refused: dict[str, StoreError] = {}
 
-        async def one(sid: str) -> None:
+        async def one(sid: str, lease_wait: float | None) -> None:
             async with slots:
                 try:
-                    await self._drive(sid)
+                    await self._drive(sid, lease_wait=lease_wait)
                 except SessionExpired:
                     pass
                 except StoreError as exc:  # busy, down: a sweep or the next call goes on with it
-                    log.warning("session %s: continuing after its deadline failed: %s", sid, exc)
+                    refused[sid] = exc
+                    return
                 except Exception as exc:  # the deadline is recorded; the turn is retried later
                     if not deleted_meanwhile(exc, sid):
                         log.exception("session %s: continuing after its deadline failed", sid)
+                self._refused_drives.discard(sid)
 
         with promptly(False):
-            await asyncio.gather(*(one(sid) for sid in sessions))
+            await asyncio.gather(
+                *(one(sid, None) for sid in sessions),
+                *(one(sid, 0.0) for sid in left if sid not in sessions),
+            )
+        self._say_refused(refused)
+
+    def _say_refused(self, refused: dict[str, StoreError]) -> None:
+        """Log the store's refusals of a read's drives (`_drive_listed`): one warning for those
+        of sessions not told of since a drive of theirs last went through, naming the first's
+        error, and a debug line each: a store this process may only read refused each at every
+        read, 9 warnings a listing."""
+        new = [sid for sid in refused if sid not in self._refused_drives]
+        self._refused_drives.update(refused)
+        for sid, exc in refused.items():
+            log.debug("session %s: continuing after its deadline failed: %s", sid, exc)
+        if new:
+            log.warning(
+                "session %s%s: continuing after its deadline failed: %s (not logged again for "
+                "these sessions until a drive of theirs goes through)",
+                new[0],
+                f" and {len(new) - 1} more" if len(new) > 1 else "",
+                refused[new[0]],
+            )
 
     async def _drive_all(self, sessions: Sequence[str], lease_wait: float | None = None) -> None:
         """Drive the turns of `sessions`, whose passed deadlines are recorded, `SWEEP_DRIVES`

@@ -129,7 +129,7 @@ class ServerContext(OpenRequests, Callers):
         elif state.status == "running" and (left := await rt._left_of([session_id])):
             # A turn whose deadline a listing recorded and left undriven: gone on with, as this
             # read would had it recorded that deadline (nothing else may, with no sweep).
-            await rt._drive_listed(left)
+            await rt._drive_listed((), left)
             state = await rt.state(session_id)
         return state
 
