@@ -162,6 +162,7 @@ async def test_webhook_deliveries_and_warnings_are_kept_off_the_loop(tmp_path: P
             clock.advance(3100)
             await serves_while_locked(path, hub.poll)  # request.expiring, and the warned: memo
             assert hooks.recall(f"warned:{req.id}") is True
+            await hooks.drain()  # sent before the close, or `still_due` drops it unsent
             await rt.respond(
                 r.session_id,
                 [so.InputResponse(request_id=req.id, option_id="cancel")],
