@@ -29,6 +29,8 @@ from signoff.testing import (
 
 from ._server_api import error
 from ._subagents import ALICE, Counted, refund_agents
+from ._workers import is_, until, working
+from .test_subagents_calls import _SlowRefund
 
 
 async def test_a_delegate_call_to_a_missing_agent_is_a_named_tool_error(store_url: str) -> None:
@@ -329,3 +331,116 @@ async def test_a_server_lacking_the_parents_agent_refuses_an_answer_to_its_mirro
         assert got.status_code == 200, got.text
     await runtime.close()
     assert ran == [{"order_id": "1042", "amount": 180.0}] and after.calls == 0
+
+
+# Split workers: one runs the parent's agent only, another the child's (docs/subagents.md).
+_SPLIT_TTL = 30.0  # the workers' lease TTL: a parent kept a whole TTL would outlast each wait
+
+
+def _worker_lines(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
+    return [
+        r.getMessage() for r in caplog.records if r.name == "signoff.worker" and r.levelno >= level
+    ]
+
+
+async def test_a_parents_worker_waits_for_the_childs_worker_holding_the_child(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The child's request answered directly, a worker with the child's agent only runs its
+    refund; a worker with the parent's agent only claims the parent. Its delegate call raised
+    `UnknownAgent` at once, the worker logged "the turn failed in the worker" with a traceback
+    and kept the parent's lease a whole TTL, though the child finished a moment later (workers3
+    hunt). It waits for the child's worker's drive, and the parent goes on when it ends."""
+    tree = _SlowRefund()
+    async with so.Runtime([tree.parent, tree.child], store=store_url) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+    [mirror] = r.pending
+    assert mirror.child is not None
+    direct = so.InputResponse(request_id=mirror.child.request_id, option_id="approve")
+    kw: dict[str, Any] = {"store": store_url, "lease_ttl": _SPLIT_TTL, "inline": False}
+    async with (
+        so.Runtime([tree.parent], **kw) as p,
+        so.Runtime([tree.child], **kw) as b,
+    ):
+        await b.respond(mirror.child.session_id, [direct], principal=ALICE)
+        with caplog.at_level(logging.INFO, logger="signoff.worker"):
+            async with working(b):
+                await asyncio.wait_for(tree.entered.wait(), 10)  # the child's worker holds it
+                async with working(p):
+                    await until(lambda: _said(caplog, f"claimed session {r.session_id}"))
+                    await asyncio.sleep(0.5)  # the parent's drive waits on the child
+                    tree.release.set()
+                    await until(lambda: is_(p, r.session_id, "completed"), _SPLIT_TTL / 3)
+        state = await p.state(r.session_id)
+        assert state.turn is not None and state.turn.text == "parent saw: Refund done."
+    assert _worker_lines(caplog, logging.WARNING) == []
+    assert tree.ran == ["1042"] and tree.after.calls == 1
+
+
+async def test_a_parent_claimed_before_its_childs_worker_runs_is_given_back_soon(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The approval recorded through the parent (no drive), the worker with the parent's agent
+    only claims the parent before any worker with the child's agent runs: the child's work is
+    no drive's. It is not kept a whole lease TTL as a failure: the worker says so in a warning,
+    no traceback, and gives the lease back (sooner the first times), so the parent goes on soon
+    after a worker with the child's agent has run the child."""
+    tree = _SlowRefund()
+    tree.release.set()
+    async with so.Runtime([tree.parent, tree.child], store=store_url) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        [mirror] = r.pending
+        approve = so.InputResponse(request_id=mirror.id, option_id="approve")
+        await rt.respond(r.session_id, [approve], principal=ALICE, resume=False)
+    kw: dict[str, Any] = {"store": store_url, "lease_ttl": _SPLIT_TTL, "inline": False}
+    async with (
+        so.Runtime([tree.parent], **kw) as p,
+        so.Runtime([tree.child], **kw) as b,
+    ):
+        with caplog.at_level(logging.INFO, logger="signoff.worker"):
+            async with working(p):
+                await until(lambda: _said(caplog, "not driven here"))
+                assert tree.ran == []
+                async with working(b):
+                    await until(lambda: is_(p, r.session_id, "completed"), _SPLIT_TTL / 3)
+        state = await p.state(r.session_id)
+        assert state.turn is not None and state.turn.text == "parent saw: Refund done."
+    said = _worker_lines(caplog, logging.WARNING)
+    assert said and all("not driven here: unknown agent 'billing'" in s for s in said), said
+    assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR or rec.exc_info]
+    assert tree.ran == ["1042"] and tree.after.calls == 1
+
+
+async def _said(caplog: pytest.LogCaptureFixture, text: str) -> bool:
+    """Whether the workers logged a line with `text` (at INFO or above)."""
+    return any(text in line for line in _worker_lines(caplog, logging.INFO))
+
+
+async def test_a_call_lacking_the_childs_agent_waits_lease_wait_for_the_childs_worker(
+    store_url: str,
+) -> None:
+    """A call resuming the parent in a process lacking the child's agent, while a worker with
+    that agent runs the child, raised `UnknownAgent`, as if no one would run the child's work.
+    It waits `lease_wait` for that drive, as any delegate call does, then answers `running`,
+    recording nothing of the call; once the child's drive ended, a resume takes its result."""
+    tree = _SlowRefund()
+    async with so.Runtime([tree.parent, tree.child], store=store_url) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        [mirror] = r.pending
+        assert mirror.child is not None
+        kid = mirror.child.session_id
+        approve = so.InputResponse(request_id=mirror.id, option_id="approve")
+        await rt.respond(r.session_id, [approve], principal=ALICE, resume=False)
+    async with (
+        so.Runtime([tree.parent], store=store_url, lease_wait=0.2) as p,
+        so.Runtime([tree.child], store=store_url, inline=False) as b,
+        working(b),
+    ):
+        await asyncio.wait_for(tree.entered.wait(), 10)
+        held = await asyncio.wait_for(p.generate(session_id=r.session_id), 10)
+        assert held.status == "running" and tree.after.calls == 0
+        tree.release.set()
+        await until(lambda: is_(b, kid, "completed"))
+        done = await asyncio.wait_for(p.generate(session_id=r.session_id), 10)
+        assert (done.status, done.text) == ("completed", "parent saw: Refund done.")
+    assert tree.ran == ["1042"] and tree.after.calls == 1

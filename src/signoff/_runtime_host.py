@@ -3,7 +3,10 @@ child session through, the runtime behind a few methods; and how deep children m
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import random
+import time
 from typing import TYPE_CHECKING, Any
 
 from ._budgets import budget_left, by_budget
@@ -178,14 +181,14 @@ class RuntimeHost:
         worker's drive waits for that drive to end: the child's result is this call's, never a
         busy error. A call's drive waits `lease_wait`, as for its own session, then stops,
         recording nothing (`ChildHeld`): its call answers `running`, and the parent's next drive
-        takes the child's result.
+        takes the child's result. So does a runtime lacking the child's agent (`_undriven`).
         """
         rt = self.runtime
         ended = await self._delegated_turn(child)
         if ended is not None:
             return ended
         if agent not in rt.agents:
-            return self._undriven(await rt._state(child))
+            return await self._undriven(child)
         while True:
             owner = f"{rt.owner}:{new_id('sub')}"
             token = await rt._acquire(child, owner)
@@ -222,13 +225,27 @@ class RuntimeHost:
             # Its lease was lost (no renewal got through in time): the child is another
             # drive's now, or ours again once the lease lapses; waited for as above.
 
-    def _undriven(self, state: SessionState) -> GenerateResult:
+    async def _undriven(self, child: str) -> GenerateResult:
         """The child as it is, for a runtime lacking its agent: a turn ended or waiting on people
-        needs no drive; one with work to do is `UnknownAgent`, which fails the parent's drive."""
-        turn = state.turn
-        if turn is None or (turn.status in ("running", "waiting") and runnable(state)):
-            self.runtime.agent(state.agent)  # raises: its work runs only where its agent is
-        return self.runtime._result(state)
+        needs no drive. One with work to do that another drive holds (a worker with its agent)
+        is waited for as `drive_child` waits: a worker's drive until that drive ends or parks
+        it, a call's `lease_wait`, then `ChildHeld`. One no drive holds is `UnknownAgent`, which
+        fails the parent's drive: its work runs only where its agent is."""
+        rt = self.runtime
+        deadline = time.monotonic() + rt.lease_wait
+        delay = 0.005
+        while True:
+            state = await rt._state(child)
+            turn = state.turn
+            if turn is not None and not (turn.status in ("running", "waiting") and runnable(state)):
+                return await self._delegated_turn(child) or rt._result(state)
+            if turn is None or not await rt._busy(child):
+                rt.agent(state.agent)  # raises
+            if not rt._in_worker_drive() and time.monotonic() >= deadline:
+                raise ChildHeld(f"the subagent's session {child!r} is driven elsewhere")
+            # Jitter, as `_acquire` waits: parents waiting together do not read in lockstep.
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 0.2)
 
     async def cancel_child(
         self, child: str, reason: str | None, principal: Principal | None = None

@@ -15,6 +15,7 @@ from ._exceptions import (
     SessionExpired,
     StoreError,
     StoreGone,
+    UnknownAgent,
     UnknownSession,
     UsageError,
 )
@@ -348,7 +349,8 @@ class Workers(KeptOutcomes):
         back by `give_backs`, if given, unless this runtime keeps outcomes of the session the
         store refused: it keeps the lease and records them (`_record_kept`), naming in `unsaved`
         those it could not (given back, another worker would run them again). A subagent's it
-        delegated to are recorded so within the drive, its lease held (`worker_drive`)."""
+        delegated to are recorded so within the drive, its lease held (`worker_drive`). So is
+        given back the lease of a drive whose subagent has work for an agent this one lacks."""
         lost: list[int] = []
         try:
             kept = [] if unsaved is None else unsaved
@@ -417,6 +419,19 @@ class Workers(KeptOutcomes):
                         exc,
                     )
                     return
+            if give_backs is not None and isinstance(exc, UnknownAgent):
+                # A subagent's work for an agent this worker lacks (a split deployment), which
+                # no worker with it drives yet: not a bug. Given back, claimed again less often
+                # each time, until a worker with that agent has run the subagent's work.
+                wait = give_backs.failed(session_id, owner, token)
+                log.warning(
+                    "session %s: not driven here: %s (a subagent's work, left to a worker with "
+                    "its agent); its lease given back in %.1fs",
+                    session_id,
+                    exc,
+                    wait,
+                )
+                return
             # A bug, not the store: the lease is kept until it lapses, and any worker retries
             # the session after the TTL (given back, it was claimed again at once, in a loop).
             log.exception(
