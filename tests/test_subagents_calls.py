@@ -11,6 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 
 import signoff as so
 from signoff import _session_cache, _subagents
@@ -442,6 +446,33 @@ async def test_a_call_whose_delegate_call_waits_on_a_child_driven_elsewhere_hono
         assert tree.after.calls == 0 and not tree.ran
         tree.release.set()
         await tree.settled(rt, sid, direct)
+
+
+async def test_a_call_giving_up_on_a_child_driven_elsewhere_is_no_failed_drive_or_error_span(
+    tmp_path: Path,
+) -> None:
+    """Giving up on a subagent another drive holds stops the parent's drive as if another held
+    the parent's turn: it counted as a failed drive (`signoff_turns_failed_total`) and failed
+    the drive's and the delegate call's spans (`lease_lost`), though nothing failed."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tree = _SlowRefund()
+    async with sqlite_runtime(
+        tmp_path, tree.parent, tree.child, lease_wait=0.2, tracer_provider=provider
+    ) as rt:
+        sid, direct, through_parent = await tree.answered_twice(rt)
+        failed = rt._counts.failed_drives
+        done = await asyncio.wait_for(through_parent, 5)  # the child's tool still running
+        assert done.status == "running", done
+        assert rt._counts.failed_drives == failed
+        spans = exporter.get_finished_spans()
+        assert [s.name for s in spans if s.status.status_code == StatusCode.ERROR] == []
+        calls = [s for s in spans if s.name == "execute_tool billing"]
+        assert [(s.attributes or {}).get("signoff.tool.outcome") for s in calls][-1] == "held"
+        tree.release.set()
+        await tree.settled(rt, sid, direct)
+        assert rt._counts.failed_drives == failed
 
 
 async def test_a_delegate_call_whose_parent_turn_was_replaced_records_nothing_into_the_new_one(

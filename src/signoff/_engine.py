@@ -18,7 +18,14 @@ from ._candidate_keys import closing_ends
 from ._counts import Counts
 from ._deadlines import due_batch, records_expiry
 from ._events import Event, is_activity
-from ._exceptions import AppendConflict, LeaseLost, StoreError, history_lost, wrote_nothing
+from ._exceptions import (
+    AppendConflict,
+    ChildHeld,
+    LeaseLost,
+    StoreError,
+    history_lost,
+    wrote_nothing,
+)
 from ._idempotency import sent_here
 from ._leasing import Held
 from ._model_step import ModelStep
@@ -360,6 +367,10 @@ class Driver(ToolCalls, ModelStep):
         self._steered_meanwhile()
         try:
             state = await self._forward(retry)
+        except ChildHeld:  # stopped as if another held the turn: no failure
+            if self.recorded != recorded:
+                self.counts.drove(failed=False)
+            raise
         except Exception:
             self.counts.drove(failed=True)
             raise

@@ -347,8 +347,8 @@ class SessionRunner(TurnLeases):
                     driver.stopping = stopping
                     state = await driver.drive(retry=retry)
                     failed = False
-                except ChildHeld as exc:
-                    span.fail(exc)
+                except ChildHeld:
+                    # Not failed: the drive stops as if another held this turn, which goes on.
                     # A subagent's: its parent's drive stops too. One owing outcomes keeps its
                     # lease to record them, as for any failure.
                     if session_id in delegating.get() or self._unrecorded.of(session_id):

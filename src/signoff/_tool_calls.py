@@ -15,7 +15,7 @@ from pydantic_core import PydanticSerializationError
 from ._approval import ApprovalContext, SessionAuth, SessionInfo, Verdict
 from ._bound_input import as_approved, as_started, binds, left_out
 from ._call_ends import IGNORED, CallEnds, asked_input, form_before, signal_in
-from ._exceptions import LeaseLost, TooLarge
+from ._exceptions import ChildHeld, LeaseLost, TooLarge
 from ._journal import UNRECORDED_KEPT, CallJournal
 from ._output_caps import spare
 from ._recording import (
@@ -539,7 +539,8 @@ async def _replayed_whole(tool: Tool, ctx: ToolContext, validated: BaseModel) ->
 def _traced(span: ToolSpan, task: asyncio.Future[Any] | None, bound: int) -> str | None:
     """Tell `span` how the body ended: a tool's error fails it, as a result over `bound` does
     (returned: why it is not stored; never put on the span); a question or approval it parks
-    on, a question withdrawn, or its turn stopped under it, is an outcome."""
+    on, a question withdrawn, its turn stopped under it, or a subagent driven elsewhere, is an
+    outcome."""
     if task is None:
         span.outcome("asking")
         return None
@@ -559,6 +560,8 @@ def _traced(span: ToolSpan, task: asyncio.Future[Any] | None, bound: int) -> str
         span.outcome("withdrawn")
     elif isinstance(exc, TurnStopped):  # its turn was cancelled or replaced: not the tool's
         span.outcome("stopped")
+    elif isinstance(exc, ChildHeld):  # a delegate call's subagent is driven elsewhere
+        span.outcome("held")
     else:
         span.fail(exc)
     return too_large

@@ -397,7 +397,8 @@ class ToolSpan(_Span):
     @_guarded
     def outcome(self, outcome: str, result: Any = None) -> None:
         """How the body ended without an error: `ok` (with its result, content on), `asking`
-        (parked on a question), `approval_required`, `withdrawn`, `stopped` (turn cancelled)."""
+        (parked on a question), `approval_required`, `withdrawn`, `stopped` (turn cancelled),
+        `held` (a subagent driven elsewhere)."""
         if self.span.is_recording():
             self._set("signoff.tool.outcome", outcome)
             if self.content and outcome == "ok":
