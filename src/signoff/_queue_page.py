@@ -10,7 +10,7 @@ from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
-from ._deadlines import after_deadline, is_due
+from ._deadlines import after_deadline, is_due, is_lapsed
 from ._exceptions import StoreError
 from ._mirrors import followed
 from ._sweeps import STORE_FAILING, one_of_many
@@ -163,7 +163,8 @@ async def _page(
     left: bool = True,
 ) -> tuple[list[InputRequest], list[InputRequest], T]:
     """The page as of `at` (else now), as shown and as the store listed it: passed deadlines
-    it holds are applied first, then the page (and its total) read again. `passing`: as
+    it holds are applied first, then the page (and its total) read again; a listing of every
+    status shows an open request of a session whose TTL passed unrecorded `expired`. `passing`: as
     `keyed_page`'s, also for a mirror whose subagent's request cannot be read. `left`: as
     `Sweeps._go_on_listed`'s."""
     now = rt.now() if at is None else at
@@ -183,7 +184,8 @@ async def _page(
         followed_page = await _followed(rt.store, page, now, passing)
         followed_page = [r for r in followed_page if r.status == "pending"]
     if flt.status is None:  # a listing of every status shows one closed so as closed
-        shown = [as_left(r, now) for r in followed_page]
+        lapsed = await _lapsed_on(rt, followed_page, now)
+        shown = [as_left(r, now, r.session_id in lapsed) for r in followed_page]
     else:
         shown = [a for r in followed_page if (a := after_deadline(r, now)) is not None]
     return shown, page, total
@@ -191,14 +193,16 @@ async def _page(
 
 async def record_closed(rt: Workers, flt: PendingFilter, now: float) -> list[str]:
     """Before a listing of `expired` requests: the open ones it would match but for their
-    status whose deadline passed by `now`, recorded first where this runtime has their agent,
-    so the listing and its total hold them as `state()` shows them. Returns the sessions
-    recorded: their turns are the listing's to go on with once it read its page
-    (`Sweeps._go_on_listed`), not all of them before it (a 0.2 s model and 1,000 due after an
-    outage: 52 s for a page of 10). Those of other agents are left to their process; while
-    none is due, one indexed query."""
+    status whose session's TTL (`_record_expiries`) or own deadline passed by `now`, recorded
+    first where this runtime has their agent, so the listing and its total hold them as
+    `state()` shows them. Returns the sessions whose deadlines it recorded: their turns are the
+    listing's to go on with once it read its page (`Sweeps._go_on_listed`), not all of them
+    before it (a 0.2 s model and 1,000 due after an outage: 52 s for a page of 10); an expiry
+    ends its turn. Those of other agents are left to their process; while none is due nor
+    lapsed, two indexed queries."""
     if flt.status != "expired" or not rt.agents:
         return []
+    await _record_expiries(rt, flt, now)
     due: list[InputRequest] = []
     seen: set[str] = set()  # a request listed again past a deleted one's cursor
     after = None
@@ -214,9 +218,54 @@ async def record_closed(rt: Workers, flt: PendingFilter, now: float) -> list[str
     return await rt._record_listed(list(dict.fromkeys(r.session_id for r in due)))
 
 
-def as_left(request: InputRequest, now: float) -> InputRequest:
-    """`request` as its passed deadline leaves it before anyone has recorded that (another
-    agent's, a store this process may only read): escalated, or closed as `expired`."""
+async def _record_expiries(rt: Workers, flt: PendingFilter, now: float) -> None:
+    """`record_closed`'s expiries: those of the sessions of this runtime's agents whose TTL
+    passed by `now` unrecorded and that hold an open request `flt` would match but for its
+    status, as a sweep records them (`_checked`). Found in the store's range of lapsed
+    sessions, as a sweep finds them (`Sweeps._lapsed`: none, mostly), then one count each; a
+    turn a live drive runs on past its TTL is left to it (`Sweeps._running_past`)."""
+    agents = sorted(a for a in rt.agents if flt.agent in (None, a))
+    if not agents:
+        return
+    rows = [
+        row
+        for row in await rt._lapsed(now, agents, passing=True)
+        if is_lapsed(row, now) and row.agent in agents and flt.session_id in (None, row.id)
+    ]
+    held = await rt._running_past(rows, now) if rows else set[str]()
+    holding: list[str] = []
+    for row in rows:
+        if row.id in held:
+            continue
+        probe = replace(flt, status="pending", session_id=row.id, excluded=(), offset=0, after=None)
+        if await rt.store.count_pending(probe):
+            holding.append(row.id)
+    await rt._record_listed(holding, what="passed TTL")
+
+
+async def _lapsed_on(rt: Workers, page: list[InputRequest], now: float) -> set[str]:
+    """The sessions of the open requests of `page` whose TTL passed by `now` unrecorded (any
+    agent's: another process's, a store this one may only read), but those a live drive runs
+    on past it: from the store's range of lapsed sessions (none, mostly)."""
+    agents = sorted({r.agent for r in page if r.status == "pending"})
+    if not agents:
+        return set()
+    listed = {r.session_id for r in page}
+    rows = [
+        row
+        for row in await rt._lapsed(now, agents, passing=True)
+        if row.id in listed and is_lapsed(row, now)
+    ]
+    held = await rt._running_past(rows, now) if rows else set[str]()
+    return {row.id for row in rows if row.id not in held}
+
+
+def as_left(request: InputRequest, now: float, lapsed: bool = False) -> InputRequest:
+    """`request` as its passed deadline, or its session's passed TTL (`lapsed`), leaves it
+    before anyone has recorded that (another agent's, a store this process may only read):
+    escalated, or closed as `expired`."""
+    if lapsed and request.status == "pending":
+        return request.model_copy(update={"status": "expired"})
     shown = after_deadline(request, now)
     return request.model_copy(update={"status": "expired"}) if shown is None else shown
 

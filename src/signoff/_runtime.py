@@ -411,12 +411,14 @@ class Runtime(Cancelling):
         while `more` still says to read on. A mirror shows its subagent's request's votes,
         escalation and deadline, so a deadline passed there leaves it out or escalated too; and
         so does a TTL passed by its subagent's session leave it out. A listing of `expired`
-        requests records first the passed deadlines of the open ones it would list (those of
-        this runtime's agents), so it lists them as `state()` shows them; one of every status
-        (`status=None`) shows one it cannot record as `expired` (or escalated). The turns of
-        those its page shows go on (4 at once): those whose deadlines it recorded and, where
-        this runtime drives its own turns, those an earlier record left undriven; the others
-        are left to a sweep, a worker's claims or the next listing showing them.
+        requests records first the passed deadlines of the open ones it would list, and the
+        passed TTLs of their sessions (those of this runtime's agents), so it lists them as
+        `state()` shows them; one of every status (`status=None`) shows one it cannot record
+        as `expired` (or escalated), and one whose session's TTL passed unrecorded as
+        `expired`. The turns of those its page shows go on (4 at once): those whose deadlines
+        it recorded and, where this runtime drives its own turns, those an earlier record left
+        undriven; the others are left to a sweep, a worker's claims or the next listing
+        showing them.
         """
         await self.open()
         if not isinstance(flt, PendingFilter):

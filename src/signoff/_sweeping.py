@@ -331,11 +331,14 @@ class Sweeps(Messages):
         await self._drive_listed(await self._record_listed(sessions))
         return len(sessions)
 
-    async def _record_listed(self, sessions: Sequence[str]) -> list[str]:
+    async def _record_listed(
+        self, sessions: Sequence[str], *, what: str = "passed deadlines"
+    ) -> list[str]:
         """A listing's half of `_apply_deadlines`: record the passed deadlines of `sessions`
-        (this runtime's), driving no turn; returns those recorded, their turns runnable. One
-        the store cannot record (a read-only store) is shown instead; once it refuses one as
-        busy it records no more (each would wait as long)."""
+        (this runtime's), driving no turn; returns those recorded, their turns runnable (not
+        those it found expired: it records their expiry; `what`, what the listing records).
+        One the store cannot record (a read-only store) is shown instead; once it refuses one
+        as busy it records no more (each would wait as long)."""
         listed: list[str] = []
         for i, sid in enumerate(sessions):
             with contextlib.suppress(SessionExpired):
@@ -343,10 +346,10 @@ class Sweeps(Messages):
                     with promptly(is_prompt()):  # its write leaves the request's later ones prompt
                         await self._checked(sid)
                 except StoreError as exc:  # a store this process may only read, say
-                    log.warning("session %s: its passed deadlines not recorded: %s", sid, exc)
+                    log.warning("session %s: its %s not recorded: %s", sid, what, exc)
                     if wrote_nothing(exc):  # busy: the rest would wait as long, one by one
                         left = len(sessions) - i - 1
-                        log.warning("%d more sessions' passed deadlines not recorded", left)
+                        log.warning("%d more sessions' %s not recorded", left, what)
                         break
                     continue
                 except UnknownSession as exc:

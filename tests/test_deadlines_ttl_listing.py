@@ -1,0 +1,134 @@
+"""A listing of expired requests records first the passed TTLs of the sessions holding open
+requests it would list, as it records passed deadlines, so it lists and counts them as
+`rt.state()` and `GET /v1/requests/{id}` show them; a listing of every status shows them
+`expired`. Before, only deadlines were recorded: such a request was in no expired listing and
+read `pending` in a listing of every status until a read of its session recorded the expiry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+import signoff as so
+from signoff.server import TokenAuth, create_app
+from signoff.stores import PendingFilter
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
+
+from ._dashboard import csrf_of
+
+ALICE = so.Principal(authenticator="sso", principal_id="alice")
+
+
+def _solo() -> so.Agent:
+    """Agent `solo`: its one call waits on an approval with no deadline; its sessions expire
+    after 5 idle seconds."""
+
+    @so.tool(approval=so.always())
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    return scripted_agent(
+        "solo",
+        [call_tools(call("refund", order_id="1")), reply("done")],
+        tools=[refund],
+        limits=so.Limits(ttl=5),
+    )
+
+
+async def _lapsed(rt: so.Runtime, clock: ManualClock) -> tuple[str, str]:
+    """A session waiting on a request when its TTL passes, nothing recording that."""
+    r = await rt.generate("solo", prompt="refund order 1", auth=ALICE)
+    assert r.status == "waiting"
+    clock.advance(10)
+    return r.session_id, r.pending[0].id
+
+
+async def _stored(rt: so.Runtime, request_id: str) -> str:
+    row = await rt.store.get_request(request_id)
+    assert row is not None
+    return row.status
+
+
+async def test_a_listing_of_expired_requests_records_a_passed_ttl_first(store_url: str) -> None:
+    """`pending_page(status="expired")` listed nothing and a listing of every status showed the
+    request `pending`, while `rt.state()` showed it `expired`. The expired listing records the
+    expiry (the session `failed`) and lists it; one of every status shows it `expired`, writing
+    nothing; the queue leaves it out, and a listing the request does not match records none."""
+    clock = ManualClock()
+    async with so.Runtime([_solo()], store=store_url, clock=clock) as rt:
+        sid, rid = await _lapsed(rt, clock)
+        before = len(await rt.store.read_events(sid))
+        page, _ = await rt.pending_page(PendingFilter(status=None))
+        assert [(r.id, r.status) for r in page] == [(rid, "expired")]
+        assert await rt.pending() == []
+        flt = PendingFilter(status="pending", live_at=clock())
+        assert (await rt.pending_page(flt))[0] == []
+        flt = PendingFilter(status="expired", tool_name="other")
+        assert (await rt.pending_page(flt))[0] == []
+        flt = PendingFilter(status="expired", agent="another")
+        assert (await rt.pending_page(flt))[0] == []
+        assert len(await rt.store.read_events(sid)) == before
+        assert await _stored(rt, rid) == "pending"
+        page, more = await rt.pending_page(PendingFilter(status="expired"))
+        assert ([(r.id, r.status) for r in page], more) == ([(rid, "expired")], False)
+        assert await _stored(rt, rid) == "expired"
+        assert (await rt.sessions())[0].status == "failed"
+        state = await rt.state(sid)
+        assert state.status == "failed" and state.requests[rid].status == "expired"
+        page, _ = await rt.pending_page(PendingFilter(status=None))
+        assert [(r.id, r.status) for r in page] == [(rid, "expired")]
+
+
+async def test_a_runtime_without_the_agent_shows_a_passed_ttl_closed(store_url: str) -> None:
+    """One that cannot record the expiry (it lacks the agent) shows the request `expired` in a
+    listing of every status, writing nothing, and leaves it out of the queue."""
+    clock = ManualClock()
+    async with so.Runtime([_solo()], store=store_url, clock=clock) as rt:
+        sid, rid = await _lapsed(rt, clock)
+    async with so.Runtime([], store=store_url, clock=clock) as reader:
+        before = await reader.store.read_events(sid)
+        page, _ = await reader.pending_page(PendingFilter(status=None))
+        assert [(r.id, r.status) for r in page] == [(rid, "expired")]
+        assert (await reader.pending_page(PendingFilter(status="expired")))[0] == []
+        assert await reader.pending() == []
+        assert await reader.store.read_events(sid) == before
+
+
+@pytest.mark.parametrize("rule", ["default", "own"])
+async def test_the_http_listing_of_expired_requests_records_a_passed_ttl_first(
+    store_url: str, rule: str
+) -> None:
+    """`GET /v1/requests?status=expired` (with no sweep) listed and counted nothing, the
+    dashboard's audit page alike, while `GET /v1/requests/{id}` read `expired`; it records the
+    expiry first, under the default rule and under an app's own, and the queue leaves it out."""
+    clock = ManualClock()
+    runtime = so.Runtime([_solo()], store=store_url, clock=clock)
+    extra: dict[str, Any] = {}
+    if rule == "own":
+        extra["access"] = lambda caller, initiator: caller == initiator
+    app = create_app(
+        runtime, auth=TokenAuth({"tok": ALICE}), sweep_every=None, close_runtime=True, **extra
+    )
+    transport = httpx.ASGITransport(app=app)
+    headers = {"Authorization": "Bearer tok"}
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://t", headers=headers) as c,
+    ):
+        sid, rid = await _lapsed(runtime, clock)
+        body = (await c.get("/v1/requests", params={"status": "pending"})).json()
+        assert (body["total"], body["items"]) == (0, [])
+        assert await _stored(runtime, rid) == "pending"
+        body = (await c.get("/v1/requests", params={"status": "expired"})).json()
+        assert (body["total"], [i["id"] for i in body["items"]]) == (1, [rid])
+        assert await _stored(runtime, rid) == "expired"
+        assert (await c.get(f"/v1/sessions/{sid}")).json()["status"] == "failed"
+        _, later = await _lapsed(runtime, clock)
+        page = await c.get("/_signoff/login")
+        signed = {"token": "tok", "csrf": csrf_of(page.text)}
+        assert (await c.post("/_signoff/login", data=signed)).status_code == 303
+        audit = (await c.get("/_signoff/audit", params={"status": "expired"})).text
+        assert rid in audit and later in audit
