@@ -84,7 +84,7 @@ LAYERS: list[set[str]] = [
     {"_kept_outcomes"},
     {"_work"},
     {"_work_audit"},
-    {"_wire", "_payloads", "_event_stream", "_server_clock"},
+    {"_wire", "_payloads", "_event_stream", "_server_clock", "_live_follow"},
     {"_live_session", "_keyed_calls", "_remote_events", "_deletion"},
     {"_cancelling"},
     {"_runtime", "_async_client"},

@@ -342,3 +342,162 @@ async def test_following_yields_only_the_subagents_events_that_change_a_mirror()
 
     seen = await asyncio.wait_for(watch(), 5)
     assert ("c", 2) not in seen and seen[-1] == ("c", 3)
+
+
+class _Read(Streams):
+    """`Streams` that tells how far each followed stream was read (`taken`), and whose `slow`
+    subagents' followed streams bring nothing after their first event until `released` (their
+    poll has not come round yet), while a read not followed brings all; `gone` are deleted."""
+
+    def __init__(self, logs: dict[str, list[so.Event]]) -> None:
+        super().__init__(logs)
+        self.taken: dict[str, int] = {}
+        self.read = asyncio.Condition()
+        self.released = asyncio.Event()
+        self.released.set()
+        self.gone: set[str] = set()
+        self.slow = {"c"}
+
+    async def events(
+        self,
+        session_id: str,
+        after: int = 0,
+        *,
+        follow: bool = True,
+        retries: int = 5,
+        shown: so.Event | None = None,
+    ) -> AsyncGenerator[so.Event, None]:
+        if session_id in self.gone:
+            raise so.UnknownSession(session_id)
+        async for event in super().events(session_id, after, follow=follow, shown=shown):
+            if follow and session_id in self.slow and event.seq > 1:
+                await self.released.wait()
+            yield event
+            if follow:  # asked for the next one: this one was taken
+                async with self.read:
+                    self.taken[session_id] = event.seq
+                    self.read.notify_all()
+
+    async def past(self, session_id: str, seq: int) -> None:
+        async with self.read:
+            await self.read.wait_for(lambda: self.taken.get(session_id, 0) >= seq)
+
+
+async def test_a_subagents_vote_read_but_not_yielded_when_following_stops_comes_next_time() -> None:
+    """The subagent's stream was folded as read, ahead of what `follow()` had yielded: Bob's
+    vote, read while the caller held Carol's, was lost once the caller stopped following (the
+    next `follow()` read on after it), though the session's own events were not."""
+    remote = _Read(_desk().logs)
+    live = LiveSession(remote, "p", clock=lambda: 1.0)
+    carol = {"request_id": "r1", "outcome": "counted", "by": {"principal_id": "carol"}}
+    bob = {"request_id": "r1", "outcome": "counted", "by": {"principal_id": "bob"}}
+    events = live.follow()
+    try:
+        first = await asyncio.wait_for(anext(events), 5)
+        assert (first.session_id, first.seq) == ("p", 1)
+        await remote.append(_event("c", 2, "approval.candidate", carol))
+        await remote.append(_event("c", 3, "approval.candidate", bob))
+        voted = await asyncio.wait_for(anext(events), 5)
+        assert (voted.session_id, voted.seq) == ("c", 2)
+        await asyncio.wait_for(remote.past("c", 3), 5)  # Bob's vote read, not yet yielded
+    finally:
+        await events.aclose()
+    assert live.children["c"].seq == 2
+    async with contextlib.aclosing(live.follow()) as again:
+        voted = await asyncio.wait_for(anext(again), 5)
+    assert (voted.session_id, voted.seq, voted.data["by"]) == ("c", 3, {"principal_id": "bob"})
+    (shown,) = live.open_requests()
+    assert shown.approved_by == ["carol", "bob"]
+    assert remote.open == {"p": 0, "c": 0}
+
+
+async def test_a_mirror_closing_yields_its_subagents_close_first() -> None:
+    """The parent's stream brought the mirror's close before the subagent's stream brought its
+    request's: that stream was stopped at once, and the subagent's `input.resolved`, which
+    `follow()` says it yields, never came. It now comes (read then), before the mirror's."""
+    remote = _Read(_desk().logs)
+    live = LiveSession(remote, "p", clock=lambda: 1.0)
+    closed = {"request_id": "r1", "status": "settled", "outcome": "approved"}
+    mirrored = {"request_id": "m1", "status": "settled", "outcome": "approved"}
+
+    async def watch() -> list[tuple[str, int, str]]:
+        seen: list[tuple[str, int, str]] = []
+        async with contextlib.aclosing(live.follow()) as events:
+            async for event in events:
+                seen.append((event.session_id, event.seq, event.type))
+                if event.session_id == "p" and event.seq == 1:
+                    remote.released.clear()  # the subagent's poll has not come round yet
+                    await remote.append(_event("c", 2, "input.resolved", closed))
+                    await remote.append(_event("p", 2, "input.resolved", mirrored))
+                elif event.session_id == "p":
+                    assert remote.open == {"p": 1, "c": 0}
+                    return seen
+        raise AssertionError("the stream ended")
+
+    seen = await asyncio.wait_for(watch(), 5)
+    assert seen == [
+        ("p", 1, "input.requested"),
+        ("c", 2, "input.resolved"),
+        ("p", 2, "input.resolved"),
+    ]
+    assert live.children["c"].requests["r1"].status == "settled"
+    assert live.requests["m1"].status == "settled"
+
+
+async def test_a_mirror_whose_subagent_is_gone_closes_without_its_close() -> None:
+    """A subagent's session deleted before its request's close was read: the mirror's close
+    is yielded all the same, its stream stopped, not waited on."""
+    remote = _Read(_desk().logs)
+    live = LiveSession(remote, "p", clock=lambda: 1.0)
+    mirrored = {"request_id": "m1", "status": "settled", "outcome": "approved"}
+
+    async def watch() -> list[tuple[str, int]]:
+        seen: list[tuple[str, int]] = []
+        async with contextlib.aclosing(live.follow()) as events:
+            async for event in events:
+                seen.append((event.session_id, event.seq))
+                if event.seq == 1:
+                    remote.released.clear()
+                    remote.gone.add("c")
+                    await remote.append(_event("p", 2, "input.resolved", mirrored))
+                else:
+                    assert remote.open.get("c", 0) == 0
+                    return seen
+        raise AssertionError("the stream ended")
+
+    assert await asyncio.wait_for(watch(), 5) == [("p", 1), ("p", 2)]
+    assert live.requests["m1"].status == "settled"
+
+
+async def test_a_mirror_of_a_mirror_closes_after_the_requests_below_it() -> None:
+    """`p`'s mirror stands for `c`'s, a mirror of `g`'s request: their closes come deepest
+    first, each subagent's session read up to it, and both subagents' streams stop."""
+    ref = {"session_id": "g", "request_id": "q1", "agent": "billing", "call_id": "k0"}
+    remote = _Read(_desk().logs)
+    remote.logs["c"] = [
+        _event("c", 1, "input.requested", {"requests": [_request("c", "r1", child=ref)]})
+    ]
+    remote.logs["g"] = [_event("g", 1, "input.requested", {"requests": [_request("g", "q1")]})]
+    remote.slow = {"c", "g"}
+    live = LiveSession(remote, "p", clock=lambda: 1.0)
+    closes = [("g", "q1"), ("c", "r1"), ("p", "m1")]
+    closed = {"status": "settled", "outcome": "approved"}
+
+    async def watch() -> list[tuple[str, int]]:
+        seen: list[tuple[str, int]] = []
+        async with contextlib.aclosing(live.follow()) as events:
+            async for event in events:
+                seen.append((event.session_id, event.seq))
+                if event.session_id != "p":
+                    continue
+                if event.seq == 2:
+                    assert remote.open == {"p": 1, "c": 0, "g": 0}
+                    return seen
+                remote.released.clear()
+                for session_id, request_id in closes:
+                    data = {"request_id": request_id, **closed}
+                    await remote.append(_event(session_id, 2, "input.resolved", data))
+        raise AssertionError("the stream ended")
+
+    assert await asyncio.wait_for(watch(), 5) == [("p", 1), ("g", 2), ("c", 2), ("p", 2)]
+    assert live.children["c"].children["g"].requests["q1"].status == "settled"

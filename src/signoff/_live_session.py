@@ -9,7 +9,6 @@ needs nothing of the client's and the client can make a `LiveSession` with no im
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import math
 import time
@@ -21,6 +20,7 @@ from . import _exceptions as errors
 from ._answers import closed_text
 from ._deadlines import EXPIRED, after_deadline
 from ._events import Event, is_activity, keeps_activity
+from ._live_follow import Following
 from ._mirrors import FOLLOWED, MAX_HOPS
 from ._payloads import RemoteResult, input_responses
 from ._state_parts import candidate_applied, settled_applied
@@ -218,9 +218,7 @@ class LiveSession:
             ):
                 self._folded(event)  # shown once all are read: once, not at each
             for child in self._mirrored() if hops > 0 else []:
-                live = self.children.get(child)
-                if live is None:
-                    live = self.children[child] = LiveSession(self.client, child, clock=self.clock)
+                live = self._child(child)
                 with contextlib.suppress(errors.UnknownSession):  # deleted: shown as it was
                     await live._sync(hops - 1)
         finally:
@@ -308,75 +306,20 @@ class LiveSession:
         """Fold and yield live events until the caller stops: this session's, and those of the
         subagent sessions its open mirrors stand for that may change a mirror, a vote or an
         escalation (`approval.candidate`) or a request closing (`input.resolved`), their
-        `session_id` telling whose."""
-        async with contextlib.aclosing(self._follow(MAX_HOPS)) as events:
+        `session_id` telling whose. Each is folded as it is yielded (`_live_follow`), so the
+        next `follow()` yields what this one read but did not yield."""
+        async with contextlib.aclosing(Following(self).events()) as events:
             async for event in events:
                 yield event
 
-    async def _follow(self, hops: int) -> AsyncGenerator[Event, None]:
-        queue: asyncio.Queue[tuple[str, Event | Exception | None]] = asyncio.Queue(maxsize=64)
-        pumps: dict[str, asyncio.Task[None]] = {}
-
-        async def pump(key: str, source: AsyncGenerator[Event, None]) -> None:
-            # closed in this task: left to the garbage collector, the stream's close would race
-            # the event loop's shutdown (an `aclose(): ... already running` error at exit)
-            try:
-                async with contextlib.aclosing(source) as events:
-                    async for event in events:
-                        await queue.put((key, event))
-            except Exception as exc:
-                await queue.put((key, exc))
-            else:
-                await queue.put((key, None))
-
-        async def watch() -> None:
-            """Follow the subagent sessions of the open mirrors; stop those of closed ones."""
-            wanted = self._mirrored() if hops > 0 else []
-            for child in wanted:
-                if child not in pumps:
-                    live = self.children.get(child) or LiveSession(
-                        self.client, child, clock=self.clock
-                    )
-                    self.children[child] = live
-                    pumps[child] = asyncio.ensure_future(pump(child, live._follow(hops - 1)))
-            stopped = [
-                pumps.pop(k) for k in list(pumps) if k != self.session_id and k not in wanted
-            ]
-            for task in stopped:
-                task.cancel()
-            await asyncio.gather(*stopped, return_exceptions=True)
-
-        own = self.client.events(self.session_id, self.seq, shown=self._last_folded())
-        pumps[self.session_id] = asyncio.ensure_future(pump(self.session_id, own))
-        try:
-            await watch()
-            while True:
-                key, item = await queue.get()
-                if key == self.session_id:
-                    if item is None:
-                        return
-                    if isinstance(item, Exception):
-                        raise item
-                    touched = self._folded(item)
-                    if touched is not None:
-                        self._refresh(touched)
-                    if touched is None or any(
-                        self._recorded[i].request.child is not None for i in touched
-                    ):  # the open mirrors may have changed: one asked or closed
-                        await watch()
-                    yield item
-                    continue
-                if item is None or isinstance(item, (errors.UnknownSession, errors.SessionExpired)):
-                    continue  # its stream ended: the mirror closes by this session's events
-                if isinstance(item, Exception):
-                    raise item
-                self._refresh(self._mirrors.get(key, ()))  # as its subagent's session shows
-                if item.type in _MIRRORED:  # the subagent's turn is not this session's
-                    yield item
-        finally:
-            for task in pumps.values():
-                task.cancel()
-            await asyncio.gather(*pumps.values(), return_exceptions=True)
+    def _child(self, session_id: str) -> LiveSession:
+        """The view of a subagent session an open mirror stands for, made at its first read."""
+        live = self.children.get(session_id)
+        if live is None:
+            live = self.children[session_id] = LiveSession(
+                self.client, session_id, clock=self.clock
+            )
+        return live
 
     def open_requests(self) -> list[InputRequest]:
         """The requests still pending, as far as this session has read, in asked order; none
@@ -460,10 +403,6 @@ class LiveSession:
         if recorded is not None and recorded.status == was:
             self._record(request_id, status=status)
             self._refresh((request_id,))
-
-
-_MIRRORED = ("approval.candidate", "input.resolved")
-"""The subagents' events `follow()` yields: those that change what a mirror shows."""
 
 
 class _Recorded(NamedTuple):
