@@ -8,6 +8,7 @@ alone, stays listed."""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
@@ -220,3 +221,67 @@ async def test_a_childs_page_offers_no_form_once_a_ttl_above_it_passed(
         above = await rt.store.get_request(r.pending[0].id)
         assert above is not None and above.status != "pending"
         assert ran == []
+
+
+async def _chain(store_url: str, clock: ManualClock, desk: list[so.Agent]) -> tuple[str, str, str]:
+    """`front` > `support` > `billing` waiting on billing's approval, made by a process with
+    every agent: the top session, billing's session and its request."""
+    async with so.Runtime(desk, store=store_url, clock=clock) as rt:
+        r = await rt.generate("front", prompt="refund 9", auth=ALICE)
+        (top,) = r.pending
+        assert top.child is not None
+        [mirror] = (await rt.state(top.child.session_id)).pending_requests()
+        assert mirror.child is not None
+        return r.session_id, mirror.child.session_id, mirror.child.request_id
+
+
+@pytest.mark.parametrize(
+    ("ended", "how"), [("ttl", "answer"), ("ttl", "read"), ("cancel", "answer")]
+)
+async def test_a_grandchild_answered_where_the_middle_agent_is_missing_takes_no_answer(
+    store_url: str, caplog: pytest.LogCaptureFixture, ended: str, how: str
+) -> None:
+    """`front` > `support` > `billing`, `front`'s TTL passed (or `front` cancelled by a process
+    without support's agent), then billing's request answered (or its session read) in a
+    process that has billing's agent only (a worker for it alone): cancelling `support` there
+    fails (its agent is elsewhere) and the cascade stopped, so billing's turn stayed open and
+    the answer was taken, the refund running for a tree that had ended. Now billing's
+    delegated turn is cancelled there (its request withdrawn, the answer `RequestClosed`) and
+    `support` is left to a process with its agent, which cancels it. A read finds it so once
+    the TTL passed (the queue leaves the request out); after a cancel the request stays listed
+    there (with the uncancelled `support`'s mirror of it) until the answer finds it withdrawn."""
+    ran: list[str] = []
+    clock = ManualClock()
+    desk = _front_desk(ran, "front")
+    top, leaf, request = await _chain(store_url, clock, desk)
+    if ended == "ttl":
+        clock.advance(60)
+    else:
+        async with so.Runtime([desk[0], desk[2]], store=store_url, clock=clock) as rt:
+            with caplog.at_level(logging.WARNING, logger="signoff.runtime"):
+                assert (await rt.cancel(top, "stop", principal=ALICE)).cancelled
+            assert any("left to a process" in m for m in caplog.messages)
+    async with so.Runtime([desk[2]], store=store_url, clock=clock) as rt:
+        assert len(await rt.pending()) == (0 if ended == "ttl" else 2)  # with support's mirror
+        answer = so.InputResponse(request_id=request, option_id="approve")
+        if how == "read":  # records the end first: no request offered
+            assert (await rt.state(leaf)).pending_requests() == []
+        with pytest.raises(so.RequestClosed):
+            await rt.respond(leaf, [answer], principal=ALICE)
+        assert ran == []
+        turn = (await rt.state(leaf)).turn
+        assert turn is not None and turn.status == "cancelled"
+        stored = await rt.store.get_request(request)
+        assert stored is not None and stored.status == "withdrawn"
+        assert await rt.pending() == []
+    async with so.Runtime(desk, store=store_url, clock=clock) as rt:
+        await rt.expire_due()  # records front's expiry, or finishes front's cancel
+        mid = (await rt.state(leaf)).parent
+        assert mid is not None
+        for session, status in [
+            (top, "failed" if ended == "ttl" else "cancelled"),
+            (mid, "cancelled"),
+        ]:
+            turn = (await rt.state(session)).turn
+            assert turn is not None and turn.status == status, session
+        assert await rt.pending() == [] and ran == []

@@ -128,17 +128,31 @@ async def cancel_orphan(rt: Runtime, state: SessionState) -> bool:
     that swept its children just before the turn started, or a starter that died before this
     check, still leaves no live child. Returns whether it cancelled.
     """
+    return (await _end_orphan(rt, state)) is _CANCELLED
+
+
+_CANCELLED = "cancelled"
+_LEFT, _LEFT_LAPSED = "left", "left lapsed"
+"""`_end_orphan`'s ends: the turn cancelled, or one to cancel left to a process that has its
+agent (`_LEFT_LAPSED`: ended by a passed TTL above it)."""
+
+
+async def _end_orphan(rt: Runtime, state: SessionState) -> str | None:
+    """`cancel_orphan`: `_CANCELLED`, `_LEFT` or `_LEFT_LAPSED` where its turn is to end, None
+    where it is left alone. A turn below one left (its agent elsewhere) is ended here all the
+    same: the process lacking the middle agent must not take an answer for the tree's end."""
     turn = state.turn
     if state.parent is None or turn is None or turn.status not in ("running", "waiting"):
-        return False
+        return None
     first = (await first_turn(rt, state)).turn
     if first is None or first.id != turn.id:  # a turn a message to the child started: its own
-        return False
+        return None
     try:
         parent = await rt._state(state.parent)
     except UnknownSession:
-        return False
-    if not parent.expired(rt.now()) and await cancel_orphan(rt, parent):
+        return None
+    above = None if parent.expired(rt.now()) else await _end_orphan(rt, parent)
+    if above is _CANCELLED:
         # The parent's own delegated turn ended (a session above it passed its TTL, say), which
         # ends this one: its parent's expiry cancels the whole chain below it.
         parent = await rt._state(state.parent)
@@ -146,17 +160,24 @@ async def cancel_orphan(rt: Runtime, state: SessionState) -> bool:
         with contextlib.suppress(SessionExpired):  # recorded first: its mirrors read expired
             await rt._checked(parent.id)
     held = await rt._held_past_ttl(parent)  # its TTL passed, but a live drive runs it on
-    if _takes_results(parent, rt.now(), held=held) and (
+    if above in (_LEFT, _LEFT_LAPSED):
+        # The parent's delegated turn is to end, as above, but its agent is elsewhere: the
+        # parent is left to that process's orphan sweep, and this turn ends here all the same.
+        lapsed = above is _LEFT_LAPSED
+    elif _takes_results(parent, rt.now(), held=held) and (
         state.id in _journaled(parent, done=True)
         # Created (its turn started with it) by a call of the parent's turn that has yet to
         # journal it and has no result: that call journals it still, or its retry does.
         or state.id in unjournaled(parent)
     ):
-        return False
+        return None
+    else:
+        # Ended by a passed TTL, the parent's or one above it that cancelled the parent's turn
+        # (a process without this agent recorded it): no activity.
+        lapsed = _lapsed_turn(parent, rt.now(), held=held) or await _ended_by_expiry(
+            rt, parent, state
+        )
     cancelled = True
-    # Ended by a passed TTL, the parent's or one above it that cancelled the parent's turn (a
-    # process without this agent recorded it): no activity.
-    lapsed = _lapsed_turn(parent, rt.now(), held=held) or await _ended_by_expiry(rt, parent, state)
     reset = expiring.set(expiring.get() | ({state.id} if lapsed else set()))
     try:
         with contextlib.suppress(SessionExpired):  # its expiry is recorded instead: as good
@@ -164,7 +185,9 @@ async def cancel_orphan(rt: Runtime, state: SessionState) -> bool:
     finally:
         expiring.reset(reset)
     await count_spent(rt, state.id)
-    return cancelled
+    if cancelled:
+        return _CANCELLED
+    return _LEFT_LAPSED if lapsed else _LEFT
 
 
 def _lapsed_turn(parent: SessionState, now: float, *, held: bool) -> bool:
