@@ -274,6 +274,8 @@ async def test_a_grandchild_answered_where_the_middle_agent_is_missing_takes_no_
         stored = await rt.store.get_request(request)
         assert stored is not None and stored.status == "withdrawn"
         assert await rt.pending() == []
+        [end] = await rt.store.read_events(leaf, turn.first_seq, types=["turn.cancelled"])
+        assert end.data.get("expiry") is (True if ended == "ttl" else None)  # time, no activity
     async with so.Runtime(desk, store=store_url, clock=clock) as rt:
         await rt.expire_due()  # records front's expiry, or finishes front's cancel
         mid = (await rt.state(leaf)).parent
