@@ -11,6 +11,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from ._exceptions import SessionExpired, StoreError, UnknownSession
+from ._mirror_keys import MAX_HOPS
 from ._mirrors import close_mirror
 from ._recording import runnable
 from ._state import SessionState
@@ -26,6 +27,7 @@ __all__ = [
     "before_drive",
     "delegating",
     "open_mirrors",
+    "parents_left_to_holders",
     "parents_to_claims",
     "record_behind_mirrors",
 ]
@@ -35,6 +37,24 @@ delegating: ContextVar[frozenset[str]] = ContextVar("signoff_delegating", defaul
 
 _to_claims: ContextVar[asyncio.Task[Any] | None] = ContextVar("signoff_to_claims_in", default=None)
 """The task of a worker's drive (`parents_to_claims`)."""
+
+
+_leaving: ContextVar[bool] = ContextVar("signoff_parents_left", default=False)
+"""Within a read's or a sweep's records and drives (`parents_left_to_holders`)."""
+
+
+@contextlib.contextmanager
+def parents_left_to_holders(leave: bool = True) -> Iterator[None]:
+    """Within, a read or a sweep records subagents' passed deadlines and TTLs and drives their
+    turns: a parent that can go on after one is driven only if no other drive holds it
+    (`lease_wait` 0), not waited for, as such a read leaves any turn another drive holds: that
+    drive finds the mirror closed and goes on itself. `leave=False` within: a turn's own drive
+    (`_child_drives.driven`), whose calls wait as they would anywhere."""
+    reset = _leaving.set(leave)
+    try:
+        yield
+    finally:
+        _leaving.reset(reset)
 
 
 @contextlib.contextmanager
@@ -70,9 +90,7 @@ async def after_drive(rt: Runtime, session_id: str) -> None:
     # Mirrors closed already count too: an answer through the parent that lost to one given
     # here closes the mirror and raises, leaving the parent's turn for this drive to go on.
     mirrors = _mirrors(parent, session_id)
-    for live in mirrors:
-        if live.status == "pending":
-            await close_mirror(rt, parent.id, live.request)
+    await _close_all(rt, parent, mirrors)
     if mirrors:
         await _go_on(rt, parent.id)
 
@@ -92,9 +110,7 @@ async def before_drive(rt: Runtime, session_id: str) -> None:
         return
     if parent.expired(rt.now()):  # its expiry is recorded instead (`after_drive`)
         return
-    for live in _mirrors(parent, session_id):
-        if live.status == "pending":
-            await close_mirror(rt, parent.id, live.request)
+    await _close_all(rt, parent, _mirrors(parent, session_id))
 
 
 async def after_close(rt: Runtime, state: SessionState) -> None:
@@ -112,9 +128,7 @@ async def after_close(rt: Runtime, state: SessionState) -> None:
     # Mirrors closed already count too, as for `after_drive`: an answer through the parent that
     # lost to this close closes its mirror and raises, leaving the parent's turn to go on here.
     mirrors = _mirrors(parent, state.id)
-    for live in mirrors:
-        if live.status == "pending":
-            await close_mirror(rt, parent.id, live.request)
+    await _close_all(rt, parent, mirrors)
     if mirrors:
         await _go_on(rt, parent.id)
 
@@ -179,6 +193,44 @@ def open_mirrors(state: SessionState) -> list[InputRequest]:
     ]
 
 
+async def _close_all(rt: Runtime, parent: SessionState, mirrors: list[Any]) -> None:
+    """Close the open ones of `mirrors` (the parent's, of one child's requests) as their
+    requests closed, and pass every close up the chain (`_close_above`)."""
+    for live in mirrors:
+        if live.status == "pending":
+            await close_mirror(rt, parent.id, live.request)
+    for live in mirrors:
+        await _close_above(rt, parent.id, live.request)
+
+
+async def _close_above(rt: Runtime, session_id: str, mirror: InputRequest) -> None:
+    """Once `mirror` (in `session_id`) is closed, close each ancestor's mirror of it in turn,
+    walking up while one closes: a mirror shows the request it stands for as it stands now,
+    three levels up as one. Each close is fenced as the first (`close_mirror`: its turn, still
+    open, no lease needed while another drive holds that session); one that stays open (its
+    session's TTL passed, a turn moved on) ends the walk, left to that session's next drive."""
+    for _ in range(MAX_HOPS):
+        try:
+            state = await rt._state(session_id)
+            live = state.requests.get(mirror.id)
+            if state.parent is None or live is None or live.status == "pending":
+                return
+            above = await rt._state(state.parent)
+        except UnknownSession:  # deleted with its tree meanwhile: nothing above to close
+            return
+        ups = [
+            m.request
+            for m in _mirrors(above, session_id)
+            if m.status == "pending"
+            and m.request.child is not None
+            and m.request.child.request_id == mirror.id
+        ]
+        if not ups:
+            return
+        session_id, mirror = above.id, ups[0]
+        await close_mirror(rt, session_id, mirror)
+
+
 def _mirrors(parent: SessionState, child: str) -> list[Any]:
     """The parent's current turn's mirrors of `child`'s requests, open or closed."""
     turn = parent.turn
@@ -208,14 +260,16 @@ async def _go_on(rt: Runtime, parent: str) -> None:
     """Drive the parent's turn if it can go on and this runtime has its agent; otherwise it is
     left runnable in the store for a process (a worker) that has it, as it is in a worker's
     drive (`parents_to_claims`). A parent deleted since it was read (another process finished its
-    turn, then a prune took the tree) has none."""
+    turn, then a prune took the tree) has none. A read's or a sweep's drive of the child waits
+    for no other drive holding the parent (`parents_left_to_holders`); a call's waits
+    `lease_wait`, as for a session of its own."""
     worker = _to_claims.get()
     if worker is not None and worker is asyncio.current_task():
         return
     try:
         state = await rt._state(parent)
         if state.agent in rt.agents and runnable(state):
-            await rt._drive(parent)
+            await rt._drive(parent, lease_wait=0.0 if _leaving.get() else None)
     except UnknownSession as exc:
         if exc.session_id != parent:
             raise

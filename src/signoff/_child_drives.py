@@ -8,6 +8,7 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 from . import _child_sessions
+from ._child_closes import parents_left_to_holders
 from ._exceptions import UnknownSession
 
 if TYPE_CHECKING:
@@ -23,7 +24,8 @@ async def driven(rt: Runtime, session_id: str, drive: Awaitable[GenerateResult])
     Its tree deleted once the turn gave its lease back (a prune) leaves `after_drive` nothing
     to do: the result stands, whichever session of the tree it found gone first."""
     try:
-        result = await drive
+        with parents_left_to_holders(False):  # its turn's calls wait as anywhere: not a read's
+            result = await drive
     except BaseException:
         with contextlib.suppress(Exception):
             await _child_sessions.counted_once_stopped(rt, session_id)

@@ -19,6 +19,7 @@ from ._answers import check_principal
 from ._answers import decisions as _decisions
 from ._call_guards import closes_stop
 from ._cancelling import Cancelling
+from ._child_closes import parents_left_to_holders
 from ._deadlines import expiry_specs, state_after_deadlines
 from ._engine import Driver
 from ._events import Event
@@ -468,7 +469,8 @@ class Runtime(Cancelling):
         requests withdrawn), as an answer to them would record it."""
         state = await self._state(session_id)
         if state.expired(self.now()) and expiry_specs(state) and state.agent in self.agents:
-            with contextlib.suppress(SessionExpired, StoreError):
+            # A subagent's parent goes on after it, not waited for while another drive holds it.
+            with contextlib.suppress(SessionExpired, StoreError), parents_left_to_holders():
                 await self._checked(session_id)
             state = await self._state(session_id)
         else:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextvars import ContextVar
 
 from ._call_guards import closes_stop
+from ._child_closes import parents_left_to_holders
 from ._deadlines import RESUMPTIONS, is_due, is_lapsed, resumed_by_deadline
 from ._exceptions import SessionExpired, StoreError, UnknownSession, wrote_nothing
 from ._messages import Messages
@@ -88,7 +89,8 @@ class SweepDrives:
                 # Not `stopping=` as a worker's drive: a message queued behind the turn is
                 # started here, as no other process would start it (no claims in a runtime that
                 # drives its own turns, and a sweep goes on only with turns a deadline resumed).
-                await self.runtime._drive(session_id, lease_wait=lease_wait)
+                with parents_left_to_holders():
+                    await self.runtime._drive(session_id, lease_wait=lease_wait)
             except SessionExpired:
                 pass
             except Exception as exc:  # the deadline is recorded; the turn waits for the next call
@@ -290,6 +292,7 @@ class Sweeps(Messages):
             with (
                 contextlib.suppress(SessionExpired),
                 one_of_many(log, sid, "its expiry not recorded"),
+                parents_left_to_holders(),
             ):
                 await self._checked(sid, probes=probes)
         return len(ids)
@@ -312,6 +315,7 @@ class Sweeps(Messages):
                 with (
                     contextlib.suppress(SessionExpired),
                     one_of_many(log, sid, "its passed deadlines not applied"),
+                    parents_left_to_holders(),
                 ):
                     await self._checked(sid)  # records the expiries; the turn is runnable
                     recorded.append(sid)
@@ -343,7 +347,8 @@ class Sweeps(Messages):
         for i, sid in enumerate(sessions):
             with contextlib.suppress(SessionExpired):
                 try:
-                    with promptly(is_prompt()):  # its write leaves the request's later ones prompt
+                    # its write leaves the request's later ones prompt
+                    with promptly(is_prompt()), parents_left_to_holders():
                         await self._checked(sid)
                 except StoreError as exc:  # a store this process may only read, say
                     log.warning("session %s: its %s not recorded: %s", sid, what, exc)
@@ -438,7 +443,7 @@ class Sweeps(Messages):
                         log.exception("session %s: continuing after its deadline failed", sid)
                 self._refused_drives.discard(sid)
 
-        with promptly(False):
+        with promptly(False), parents_left_to_holders():
             await asyncio.gather(
                 *(one(sid, None) for sid in sessions),
                 *(one(sid, 0.0) for sid in left if sid not in sessions),
@@ -478,7 +483,8 @@ class Sweeps(Messages):
                 ):
                     await self._drive(sid, lease_wait=lease_wait)
 
-        outcomes = await asyncio.gather(*(one(sid) for sid in sessions), return_exceptions=True)
+        with parents_left_to_holders():
+            outcomes = await asyncio.gather(*(one(sid) for sid in sessions), return_exceptions=True)
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 raise outcome
