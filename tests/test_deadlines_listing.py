@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import time
 from typing import Any
@@ -14,6 +15,7 @@ import httpx
 import pytest
 
 import signoff as so
+from signoff import _sweeping
 from signoff._sweeping import SWEEP_DRIVES, SweepDrives
 from signoff.server import TokenAuth, create_app
 from signoff.stores import PendingFilter
@@ -559,3 +561,73 @@ async def test_a_runtime_that_cannot_write_says_once_it_leaves_the_left_turns(
         assert len(said[0]) == 1 and "read-only" in said[0][0], said[0]
         assert said[1:] == [[], []]
     assert tree.calls == PAGE
+
+
+@pytest.mark.parametrize("ids", [True, False], ids=["ids", "no-ids"])
+async def test_an_expired_listing_asks_the_store_of_its_page_not_of_every_left_turn(
+    store_url: str, monkeypatch: pytest.MonkeyPatch, ids: bool
+) -> None:
+    """`DUE` turns left undriven (a listing recorded every deadline and drove its page's; no
+    sweep since): a listing of `PAGE` of them read every left turn of the agent, page after
+    page of `running_unheld`, to keep its page's (3,000: 6 queries and 0.1 s a listing,
+    SQLite). It asks about its page's sessions only, one query a `_SWEEP_PAGE` of them (2
+    here); a store whose `running_unheld` takes no `ids` has each read (`_left_of`)."""
+    monkeypatch.setattr(_sweeping, "_SWEEP_PAGE", 2)
+    tree = _SlowPayers()
+    async with so.Runtime([tree.agent], store=store_url, clock=tree.clock) as rt:
+        await tree.lapsed(rt)
+        await rt.pending_page(PendingFilter(status="expired", limit=PAGE))
+    assert tree.calls == PAGE
+    async with so.Runtime([tree.agent], store=store_url, clock=tree.clock) as rt:
+        await rt.open()
+        rows: list[int] = []  # the rows of each `running_unheld` query
+        query = rt.store.running_unheld  # type: ignore[attr-defined]
+
+        async def counted(*args: Any, **kw: Any) -> Any:
+            found = await query(*args, **kw)
+            rows.append(len(found))
+            return found
+
+        async def earlier(
+            agent: str, now: float, *, last_types: Any, among: Any = None, **page: Any
+        ) -> Any:
+            """As a store for an earlier signoff has it: `limit` and `after`, no `ids`."""
+            assert set(page) <= {"limit", "after"}
+            return await counted(agent, now, last_types=last_types, among=among, **page)
+
+        counted.__signature__ = inspect.signature(query)  # type: ignore[attr-defined]
+        rt.store.running_unheld = counted if ids else earlier  # type: ignore[attr-defined]
+        page, _ = await rt.pending_page(PendingFilter(status="expired", limit=PAGE, offset=PAGE))
+        assert len(page) == PAGE
+        assert rows == ([2, 1] if ids else []), rows  # before: [2, 2, 2, 2, 1], each listing
+        assert len(await tree.completed(rt)) == 2 * PAGE
+    assert tree.calls == 2 * PAGE
+
+
+async def test_the_refused_drives_a_runtime_told_of_are_bounded_and_named_plainly(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The sessions whose refused drives a read told of were kept until a drive of each went
+    through, which on a runtime that may only read never comes: every left session it ever
+    met, deleted ones too. The newest `REFUSED_KEPT` are kept, a deleted one is dropped, and
+    another kind of error is told again; the warning says "their" of several sessions."""
+    monkeypatch.setattr(_sweeping, "REFUSED_KEPT", 3)
+    tree = _SlowPayers()
+    async with so.Runtime([tree.agent], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        sid = (await rt.generate("pay", prompt="pay", auth=ALICE)).session_id
+        busy = so.StoreError("read-only")
+        with caplog.at_level(logging.WARNING, logger="signoff"):
+            rt._say_refused({s: busy for s in ("a", "b", sid)})
+            rt._say_refused({"a": busy})
+            rt._say_refused({"a": so.StoreUnavailable("down")})
+        assert [r.getMessage() for r in caplog.records] == [
+            "session a and 2 more: continuing after their deadlines failed: read-only (not "
+            "logged again for these sessions until a drive of theirs goes through)",
+            "session a: continuing after its deadline failed: down (not logged again for it "
+            "until a drive of it goes through)",
+        ]
+        rt._say_refused({"c": busy})  # the oldest told of, "b", dropped
+        assert list(rt._refused_drives) == [sid, "a", "c"]
+        await rt.cancel(sid, principal=ALICE)
+        await rt.delete_session(sid)
+        assert list(rt._refused_drives) == ["a", "c"]

@@ -241,3 +241,40 @@ async def test_a_subagents_own_expired_turn_ends_the_delegated_turn_it_waits_on(
         assert await rt.sessions() == []
         assert await rt.pending() == []
         assert await rt.verify_audit() == []
+
+
+@pytest.mark.parametrize("how", ["delete", "prune"])
+@pytest.mark.parametrize("loaded", [False, True])
+async def test_a_tree_a_live_turn_keeps_is_refused_before_a_subagents_expiry_is_recorded(
+    store_url: str, how: str, loaded: bool
+) -> None:
+    """`front`'s turn ended; `helper` (TTL 60 s), a subagent under it, waits on a refund a
+    message to it asked for, and its TTL passes; a message to `desk` (no TTL), between them,
+    left its turn with work to do (no drive took it: `inline=False`). The deletion recorded the
+    helper's expiry, then was refused all the same (`SessionBusy`, the desk's turn), and a
+    prune did the same to a tree it then skipped: refused as it was (`SessionWaiting`), with
+    nothing recorded."""
+    clock = ManualClock()
+    agents = nested_desks("helper")
+    async with so.Runtime(agents, store=store_url, clock=clock) as rt:
+        r = await rt.generate("front", prompt="go", auth=ALICE)
+        [mirror] = r.pending
+        approve = so.InputResponse(request_id=mirror.id, option_id="approve")
+        assert (await rt.respond(r.session_id, [approve], principal=ALICE)).status == "completed"
+        found = {s.agent: s.id for s in await rt.sessions()}
+        front, desk, helper = (found[a] for a in ("front", "desk", "helper"))
+        assert (await rt.generate(session_id=helper, prompt="refund 6", auth=ALICE)).pending
+    async with so.Runtime(agents, store=store_url, clock=clock, inline=False) as rt:
+        assert (await rt.generate(session_id=desk, prompt="hi", auth=ALICE)).status == "running"
+        before = await _heads(rt, [front, desk, helper])
+    clock.advance(120)
+    async with so.Runtime(agents if loaded else [], store=store_url, clock=clock) as rt:
+        if how == "delete":
+            with pytest.raises(so.SessionWaiting) as refused:
+                await rt.delete_session(front, by=OPS)
+            assert refused.value.held_by == [helper]
+            assert refused.value.unfinished == [desk]
+        else:
+            assert await rt.prune(older_than=60, by=OPS) == []
+        assert await _heads(rt, [front, desk, helper]) == before
+        assert await rt.audit(stream=DELETIONS_STREAM) == []

@@ -419,9 +419,10 @@ async def test_concurrent_claimers_never_share_a_session(store_url: str) -> None
 async def test_running_unheld_lists_the_running_sessions_of_an_agent_none_holds(
     store: Store,
 ) -> None:
-    """`running_unheld(agent, now, last_types=, limit=, after=)`: the running sessions of
-    `agent`, TTL not passed and no live lease, whose last event is of one of `last_types`, by
-    id past `after`; what the inline sweep reads in one query where it read each session."""
+    """`running_unheld(agent, now, last_types=, ids=, limit=, after=)`: the running sessions
+    of `agent` (of `ids` only, if given), TTL not passed and no live lease, whose last event is
+    of one of `last_types`, by id past `after`; what the inline sweep reads in one query where
+    it read each session, and a listing for its page."""
     query = store.running_unheld  # type: ignore[attr-defined]
     settled = ["approval.settled"]
 
@@ -476,6 +477,12 @@ async def test_running_unheld_lists_the_running_sessions_of_an_agent_none_holds(
     # earlier, the lapsed lease was live and the passed TTL not passed yet
     earlier = [r.id for r in await query("support", T0 + 40, last_types=settled, limit=100)]
     assert lapsed_lease not in earlier and lapsed in earlier
+    # `ids=`: of those only (a listing's page), in one query, however many others there are
+    asked = [due[2], held, lapsed, other_agent, waiting, given_back, "ses_none", due[0]]
+    among = await query("support", T0 + 100, last_types=settled, ids=asked, limit=100)
+    assert [r.id for r in among] == sorted([due[0], due[2], given_back])
+    assert await query("support", T0 + 100, last_types=settled, ids=[]) == []
+    assert await query("support", T0 + 100, last_types=settled, ids=["ses_none"]) == []
 
 
 async def test_running_unheld_among_reads_the_last_event_of_those_types(store: Store) -> None:

@@ -119,7 +119,8 @@ class Deletion(EventStream):
         or with work to do, under a lease or not, before its TTL passes (`SessionBusy`), or
         waiting on people (`SessionWaiting`): cancel it first (past its TTL, or that of a
         subagent whose own turn holds them, the expiry is recorded as its agent records it, and
-        it is deleted); a subagent's session whose parent exists (`SubagentSession`); an
+        it is deleted, unless another turn of the tree is unfinished before its TTL: then
+        nothing is recorded); a subagent's session whose parent exists (`SubagentSession`); an
         unknown id (`UnknownSession`).
 
         `force`: delete it unfinished too, its open requests with it, for a session no cancel
@@ -285,7 +286,9 @@ class Deletion(EventStream):
             # TTL comes to life no more: no `before` then (but while only a subagent's own turn
             # expired, the session itself may yet be touched).
             try:
-                expired = await self._expired_now(session_id, waiting.held_by)
+                expired = await self._expired_now(
+                    session_id, waiting.held_by, getattr(waiting, "unfinished", None)
+                )
             except STORE_FAILING:
                 raise  # the store failing as a whole: a prune's other sessions would too
             except StoreError as exc:
@@ -300,15 +303,22 @@ class Deletion(EventStream):
             )
         for sid in ids:
             self._cache.pop(sid, None)
+            self._refused_drives.pop(sid, None)
         return ids
 
-    async def _expired_now(self, session_id: str, held_by: Sequence[str] = ()) -> list[str]:
+    async def _expired_now(
+        self,
+        session_id: str,
+        held_by: Sequence[str] = (),
+        unfinished: Sequence[str] | None = None,
+    ) -> list[str]:
         """Record the passed TTLs that leave the open requests of the session's tree to no one,
         as their agents record them: the session's, and that of each session above a request of
         `held_by`'s whose own turn (a subagent's a message started, which its parent's expiry
         leaves alone) is unfinished past its own TTL, each with the delegated turns it waits
         on. The ids whose expiry it recorded; none (nothing recorded) if a request would stay
-        open."""
+        open, or a turn of `unfinished` (the store's `SessionWaiting.unfinished`: unfinished
+        before their TTL) go on, which would refuse the deletion all the same (`SessionBusy`)."""
         ends: dict[str, dict[str, SessionState]] = {}  # each expiring session: the turns it ends
         seen: set[str] = set()
         for holder in dict.fromkeys([session_id, *held_by]):
@@ -325,7 +335,8 @@ class Deletion(EventStream):
             for state in reversed(path):  # a parent's first, whose expiry ends what it awaits
                 if await self._expiring(state, session_id):
                     ends[state.id] = await self._finished_with(state)
-        if not ends or not {sid for ended in ends.values() for sid in ended}.issuperset(held_by):
+        over = {sid for ended in ends.values() for sid in ended}  # the turns the expiries end
+        if not ends or not over.issuperset(held_by) or not over.issuperset(unfinished or ()):
             return []
         for ended in ends.values():
             await self._record_ends(ended)

@@ -229,15 +229,22 @@ class SessionWaiting(SessionError):
     """The session (or a subagent session under it) has open requests, so it is not deleted:
     cancel the sessions holding them first (`Runtime.cancel`), which withdraws them. A
     subagent's own turn (a message sent to it) is not cancelled with its parent's:
-    `held_by` names the session of each request."""
+    `held_by` names the session of each request. `unfinished`: the sessions of the tree whose
+    turn is unfinished before their TTL passes, which would refuse it too (`SessionBusy`) once
+    no request is open; None if the store did not say."""
 
     code = "session_waiting"
 
     def __init__(
-        self, session_id: str, request_ids: Iterable[str], held_by: Iterable[str] = ()
+        self,
+        session_id: str,
+        request_ids: Iterable[str],
+        held_by: Iterable[str] = (),
+        unfinished: Iterable[str] | None = None,
     ) -> None:
         self.request_ids = list(request_ids)
         self.held_by = list(held_by) or [session_id] * len(self.request_ids)
+        self.unfinished = None if unfinished is None else list(unfinished)
         listed = ", ".join(
             rid if holder == session_id else f"{rid} of subagent session {holder!r}"
             for rid, holder in zip(self.request_ids, self.held_by, strict=False)

@@ -181,7 +181,9 @@ class SessionCache(Closing):
         # Of those, a subagent's, by the parent whose drive delegated to it (`_owed_below`).
         self._owed_for: dict[str, str] = {}
         self._holders: dict[str, str] = {}  # see `Leasing._holders`
-        self._refused_drives: set[str] = set()  # see `Sweeps._drive_listed`
+        # See `Sweeps._say_refused`: by session, the error a read's drive was last refused
+        # with; the oldest dropped past `REFUSED_KEPT`, and a session's once it is deleted.
+        self._refused_drives: OrderedDict[str, str] = OrderedDict()
         self._giving_back: set[asyncio.Task[None]] = set()  # see `Leasing._giving_back`
         # Give-backs of the leases of claims a stopped worker did not wait for, which may
         # answer only much later (`Workers._give_back_later`).

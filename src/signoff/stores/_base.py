@@ -218,11 +218,12 @@ class Store(Protocol):
     `lease_held(session_id, now)`, whether a drive holds the session's lease at `now` (both
     stores have it: a listing then reads that, where it took the lease and gave it back, a
     write that a store it may only read refuses);
-    `running_unheld(agent, now, last_types=, among=, limit=, after=)`, the running sessions
-    of `agent` whose TTL has not passed by `now`, whose lease no drive holds at `now` and whose
-    last event (of those of `among`'s types, if given) is of one of `last_types`, by id past
-    `after` (both stores have it: the inline sweep then reads those only, not the lease and
-    events of every running session).
+    `running_unheld(agent, now, last_types=, among=, ids=, limit=, after=)`, the running
+    sessions of `agent` (of `ids` only, if given) whose TTL has not passed by `now`, whose
+    lease no drive holds at `now` and whose last event (of those of `among`'s types, if given)
+    is of one of `last_types`, by id past `after` (both stores have it: the inline sweep then
+    reads those only, not the lease and events of every running session; a listing asks about
+    its page's sessions, `ids`, and reads each of them where the method has no `ids`).
     These three only a sweep reads: a row of theirs that cannot be read is listed in its place
     as a `DamagedSession` (`_swept_rows`), which the sweep logs and passes.
     `pending_keys(flt)` lists each row `pending(flt)` would as `(created_at, id, session id)`,

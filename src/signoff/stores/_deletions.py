@@ -165,14 +165,16 @@ def refuse(
     parent: str | None,
     leased: str | None,
     waiting: Sequence[tuple[str, str]],
-    running: str | None = None,
+    running: Sequence[str] = (),
 ) -> None:
     """Raise why the session may not be deleted, if it may not: unknown, a subagent's whose
     parent exists, a turn of it (or of a subagent under it) running under a lease, open
     requests in it (or under it), or a turn of it (or under it) with work to do and no lease
-    (`running`: answered and not yet taken up again, a message just sent, a drive that died)
-    or waiting with no request open (on a subagent that ended and has yet to be read back)
-    before its TTL passed, which a worker would go on with."""
+    (`running`, the sessions of each such turn: answered and not yet taken up again, a message
+    just sent, a drive that died) or waiting (with no request open: on a subagent that ended
+    and has yet to be read back) before its TTL passed, which a worker would go on with. A
+    refusal for open requests names those too (`SessionWaiting.unfinished`): recording a
+    passed TTL that closes the requests would not end them."""
     if not found:
         raise UnknownSession(session_id)
     if parent is not None:
@@ -184,9 +186,10 @@ def refuse(
             session_id,
         )
     if waiting:  # (request id, the session holding it)
-        raise SessionWaiting(session_id, [r for r, _ in waiting], [h for _, h in waiting])
-    if running is not None:
-        whose = "its" if running == session_id else f"subagent session {running!r}'s"
+        requests, holders = [r for r, _ in waiting], [h for _, h in waiting]
+        raise SessionWaiting(session_id, requests, holders, unfinished=running)
+    if running:
+        whose = "its" if running[0] == session_id else f"subagent session {running[0]!r}'s"
         raise SessionBusy(
             f"session {session_id!r} is not finished: {whose} turn has work to do or waits on "
             "a subagent; cancel it first",

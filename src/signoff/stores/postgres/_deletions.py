@@ -344,7 +344,7 @@ class Deletions(Connections):
             parent=None if top is None else top[6],
             leased=next((str(r[1]) for r in rows if r[7]), None),
             waiting=() if force else sorted(waiting),
-            running=None if force else next((str(r[1]) for r in rows if r[9]), None),
+            running=() if force else [str(r[1]) for r in rows if r[9]],
         )
         if not all(r[10] < before for r in rows):  # a subagent's session too: the tree's age
             return None

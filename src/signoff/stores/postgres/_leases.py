@@ -323,18 +323,22 @@ class Leases(Connections):
         *,
         last_types: Sequence[str],
         among: Sequence[str] | None = None,
+        ids: Sequence[str] | None = None,
         limit: int = 100,
         after: str | None = None,
     ) -> list[SessionSummary | DamagedSession]:
-        """The running sessions of `agent` whose TTL has not passed by `now`, whose lease no
-        drive holds at `now`, and whose last event (of those of `among`'s types, if given) is
-        of one of `last_types`, by id past `after`: one query, where reading each session's
-        lease and last event took two."""
+        """The running sessions of `agent` (of `ids` only, if given) whose TTL has not passed
+        by `now`, whose lease no drive holds at `now`, and whose last event (of those of
+        `among`'s types, if given) is of one of `last_types`, by id past `after`: one query,
+        where reading each session's lease and last event took two."""
         s = self._s
-        if not last_types:
+        only = None if ids is None else sorted({i for i in ids if storable(i)})
+        if not last_types or only == []:
             return []
         types = sorted({stored_type(t) for t in last_types} | set(last_types))
         past = "" if after is None else 'AND x.id COLLATE "C" > %s '
+        if only is not None:  # a read's page: its rows, not every running one of the agent
+            past += "AND x.id = ANY(%s) "
         # The type of the session's last event, or its last of `among`'s types, read back from
         # the head along the primary key (for a session stranded mid-turn, the events since it
         # last parked only); in a CASE, which the planner cannot take apart, so only where no
@@ -355,7 +359,9 @@ class Leases(Connections):
             f"ELSE {last} = ANY(%s) END "
             'ORDER BY x.id COLLATE "C" LIMIT %s'
         )
-        later = [] if after is None else [after]
+        later: list[Any] = [] if after is None else [after]
+        if only is not None:
+            later.append(only)
         params = [agent, now, *later, now, *kinds, types, limit]
 
         async def body(conn: Conn) -> list[SessionSummary | DamagedSession]:

@@ -318,15 +318,15 @@ class Deletions(Connection):
         running = conn.execute(
             f"SELECT id FROM sessions WHERE sk IN ({marks}) AND status IN ('running', 'waiting') "
             "AND NOT (typeof(expires_at) IN ('integer', 'real') AND expires_at <= ?) "
-            "ORDER BY sk LIMIT 1",
+            "ORDER BY sk",
             (*keys, now),
-        ).fetchone()
+        ).fetchall()
         refuse(
             session_id,
             found=True,
             parent=None if top[1] is None else str(top[1]),
             leased=None if leased is None else str(leased[0]),
             waiting=[(str(r[0]), str(r[1])) for r in waiting],
-            running=None if running is None else str(running[0]),
+            running=[str(r[0]) for r in running],
         )
         return doomed

@@ -213,18 +213,22 @@ class Leases(Connection):
         *,
         last_types: Sequence[str],
         among: Sequence[str] | None = None,
+        ids: Sequence[str] | None = None,
         limit: int = 100,
         after: str | None = None,
     ) -> list[SessionSummary | DamagedSession]:
-        """The running sessions of `agent` whose TTL has not passed by `now`, whose lease no
-        drive may hold at `now`, and whose last event (of those of `among`'s types, if given)
-        is of one of `last_types`, by id past `after`: one query, where reading each session's
-        lease and last event took two."""
-        if not last_types:
+        """The running sessions of `agent` (of `ids` only, if given) whose TTL has not passed
+        by `now`, whose lease no drive may hold at `now`, and whose last event (of those of
+        `among`'s types, if given) is of one of `last_types`, by id past `after`: one query,
+        where reading each session's lease and last event took two."""
+        if not last_types or (ids is not None and not ids):
             return []
         types = sorted({stored_type(t) for t in last_types} | set(last_types))
         marks = ",".join("?" * len(types))
         past = "" if after is None else " AND s.id > ?"
+        only = [] if ids is None else sorted(set(ids))
+        if ids is not None:  # a read's page: its rows, not every running one of the agent
+            past += f" AND s.id IN ({','.join('?' * len(only))})"
         # The type of the session's last event, or its last of `among`'s types, read back from
         # the head along the primary key (for a session stranded mid-turn, the events since it
         # last parked only); in a CASE, so only where no lease is held.
@@ -247,7 +251,7 @@ class Leases(Connection):
             f"ELSE {last} IN ({marks}) END ORDER BY s.id LIMIT ?"
         )
         later = [] if after is None else [after]
-        params = [agent, now, *later, now, *kinds, *types, limit]
+        params = [agent, now, *later, *only, now, *kinds, *types, limit]
         return [swept_summary(row) for row in self.conn.execute(sql, params)]
 
     @serialised
