@@ -40,7 +40,7 @@ SAMPLES: dict[str, Callable[[], BaseException]] = {
     "StaleAnswer": lambda: so.StaleAnswer("stale", ["req_1"]),
     "NotAllowed": lambda: so.NotAllowed("not you", ["req_1"]),
     "ModelError": lambda: so.ModelError("down"),
-    "BudgetSpent": lambda: so.BudgetSpent("cut", usage=so.Usage(output_tokens=40)),
+    "BudgetSpent": lambda: so.BudgetSpent("cut", usage=so.Usage(output_tokens=40), needed=1025),
     "StepFailed": lambda: so.StepFailed("quote", "ValueError", "boom"),
     "RemoteError": lambda: so.RemoteError("gone", "timeout", 0, idempotency_key="k1"),
     "StoreError": lambda: so.StoreError("broken"),

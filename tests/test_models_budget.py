@@ -285,6 +285,74 @@ async def test_thinking_is_given_less_room_or_the_call_is_not_made(store_url: st
     assert model.params["thinking"]["budget_tokens"] == 2048
 
 
+@pytest.mark.parametrize("budget", ["max_tokens", "max_cost_usd"])
+async def test_one_continue_leaves_a_thinking_call_the_room_it_needs(
+    store_url: str, budget: str
+) -> None:
+    """Thinking needs 1,025 output tokens: a budget of 600 (or $0.01, 666 output tokens at
+    $15 a million) leaves too few, and its `continue` raises it to 1200 ($0.02); the reply (100
+    in, 995 out; 1211 out) leaves 5 (100) after the 100 input tokens the next call reads
+    again. That call is not made, and the one `continue` asked raises the budget far enough for
+    the 1,025 (to 2400, or $0.04), so the model runs. Before, it left twice the 5 (100) at
+    least: to 1800 ($0.03), too few again, and the person was asked a second time at once, with
+    no call made."""
+    out = 995 if budget == "max_tokens" else 1211
+    with FakeLLM("anthropic", strict=True) as fake:
+        fake.queue(
+            anthropic_message("One.", usage={"input_tokens": 100, "output_tokens": out}),
+            anthropic_message("Two.", usage={"input_tokens": 120, "output_tokens": 50}),
+        )
+        model = thinking_model(fake, 2048)
+        model.price_per_mtok = (3.0, 15.0)
+        size = so.Limits(max_tokens=600) if budget == "max_tokens" else so.Limits(max_cost_usd=0.01)
+        agent = so.Agent(name="a", model=model, limits=size)
+        asked: list[str] = []
+        async with so.Runtime([agent], store=store_url) as rt:
+            r = await rt.generate("a", prompt="one", auth=ALICE)
+            for prompt in ("one", "two"):
+                if prompt == "two":
+                    r = await rt.generate(session_id=r.session_id, prompt=prompt, auth=ALICE)
+                while r.status == "waiting" and len(asked) < 4:
+                    [ask] = r.pending
+                    asked.append(ask.question or "")
+                    answer = so.InputResponse(request_id=ask.id, option_id="continue")
+                    r = await rt.respond(r.session_id, [answer], principal=ALICE)
+                assert (r.status, r.text) == ("completed", f"{prompt.title()}.")
+        await model.aclose()
+    assert len(asked) == 2, asked
+    if budget == "max_tokens":
+        assert asked[0].endswith("Continue with max_tokens raised to 1200, or stop?")
+        assert asked[1] == (
+            "the 5 output tokens left were too few for the model's reply in the session's "
+            "budget: the session used 1095 of max_tokens=1200. Continue with max_tokens raised "
+            "to 2400, or stop?"
+        )
+        assert [b["max_tokens"] for b in fake.bodies] == [1200, 1205]
+    else:
+        assert asked[1].startswith("the 100 output tokens left were too few")
+        assert asked[1].endswith("Continue with max_cost_usd raised to 0.04, or stop?")
+    assert all(b["thinking"]["budget_tokens"] == b["max_tokens"] - 1 for b in fake.bodies)
+
+
+@pytest.mark.parametrize(("needed", "raised"), [(500, 500), (None, 200), (True, 200), (-3, 200)])
+async def test_a_model_saying_what_its_call_needs_is_left_that_by_continue(
+    store_url: str, needed: Any, raised: int
+) -> None:
+    """A model of one's own that could make no call within the 100 output tokens left says it
+    needs 500 (`BudgetSpent.needed`): the `continue` leaves it that, not only twice the 100; a
+    `needed` that is no count is not read."""
+    model = Capped(so.BudgetSpent("too few", needed=needed), reply("Done."))
+    agent = so.Agent(name="a", model=model, limits=so.Limits(max_tokens=100))
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        [ask] = r.pending
+        assert (ask.question or "").endswith(f"max_tokens raised to {raised}, or stop?")
+        answer = so.InputResponse(request_id=ask.id, option_id="continue")
+        r = await rt.respond(r.session_id, [answer], principal=ALICE)
+        assert r.text == "Done."
+    assert model.caps == [100, raised]
+
+
 def priced(tokens_in: int, tokens_out: int, price: tuple[float, float]) -> so.Usage:
     cost = (tokens_in * price[0] + tokens_out * price[1]) / 1_000_000
     return so.Usage(input_tokens=tokens_in, output_tokens=tokens_out, cost_usd=cost)

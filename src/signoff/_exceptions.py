@@ -410,7 +410,22 @@ class ModelError(SignoffError):
 class BudgetSpent(ModelError):
     """The reply stopped at the output tokens the session's budgets had left
     (`ModelRequest.max_output_tokens`), or none was worth asking for: the turn asks to raise the
-    budget (counting `usage`) rather than take half an answer."""
+    budget (counting `usage`) rather than take half an answer. `needed`: the least output tokens
+    the call must be left to be made at all (`Anthropic`'s thinking: 1,025), so the `continue`
+    leaves at least that; None when one is enough."""
+
+    needed: int | None = None  # also for one built by an older signoff, or without __init__
+
+    def __init__(
+        self,
+        *args: object,
+        usage: Usage | None = None,
+        context_tokens: int | None = None,
+        start_over: bool = False,
+        needed: int | None = None,
+    ) -> None:
+        super().__init__(*args, usage=usage, context_tokens=context_tokens, start_over=start_over)
+        self.needed = needed
 
 
 class StepFailed(SignoffError):

@@ -50,6 +50,11 @@ _WINDOW_MOST = 2**60
 anything larger reaches past any log, and the whole conversation is read instead."""
 
 
+_NEEDED_MOST = 2**53
+"""The most output tokens a `continue` is raised to leave for a call that said it needs more
+(`BudgetSpent.needed`): past it, a budget's sum is no longer kept exactly."""
+
+
 class ModelStep(DriverPart):
     """Calling the model for a turn: a part of `Driver`, mixed into it."""
 
@@ -392,8 +397,10 @@ class ModelStep(DriverPart):
         used = "; ".join(t for t, _ in spending(s, limits.tokens_bound, limits.cost_bound, spent))
         problem = f"{what} in the session's budget: {used}"
         # A reply that needed more than the `cap` output tokens left: a `continue` leaves the
-        # next twice as many at least, so answers in a row let one as long as it needs run.
-        return await self._session_limit(problem, usage=spent, kept=kept, room=max(1, 2 * cap))
+        # next twice as many at least, so answers in a row let one as long as it needs run,
+        # and as many as the model said a call needs at least, so one answer lets it be made.
+        room = max(1, 2 * cap, _needed(exc))
+        return await self._session_limit(problem, usage=spent, kept=kept, room=room)
 
     async def _fail_limit(
         self,
@@ -503,6 +510,15 @@ def _delegated_turn(s: SessionState) -> bool:
     """Whether the session is a child in the turn its delegate call started (its first): a
     later turn, which a message sent to the child started, spends its own budget only."""
     return bool(s.headroom) and delegated_turn(s)
+
+
+def _needed(exc: BudgetSpent | None) -> int:
+    """The least output tokens the model said its call needs (`BudgetSpent.needed`), when it
+    said a count (one of a model of one's own may be anything): 0 otherwise."""
+    needed = getattr(exc, "needed", None)
+    if isinstance(needed, bool) or not isinstance(needed, int):
+        return 0
+    return min(max(needed, 0), _NEEDED_MOST)
 
 
 def _less(amount: float, shown: str) -> str:

@@ -394,7 +394,8 @@ class Anthropic(SdkModel):
 
     def _think_within(self, kwargs: dict[str, Any], cap: int) -> None:
         """Lower thinking's `budget_tokens` below `cap`, as the API wants it below `max_tokens`;
-        a cap that leaves no room for its least (1,024) leaves no reply worth asking for."""
+        a cap that leaves no room for its least (1,024) leaves no reply worth asking for
+        (`BudgetSpent`, saying the 1,025 output tokens a call needs, for `continue` to leave)."""
         extra = kwargs.get("extra_body")
         for where in (kwargs, extra if isinstance(extra, dict) else {}):
             thinking = where.get("thinking")
@@ -406,7 +407,8 @@ class Anthropic(SdkModel):
             if cap - 1 < LEAST_THINKING:
                 raise BudgetSpent(
                     f"{self!r}: the {cap} output tokens the session's budgets leave cannot hold "
-                    f"thinking (budget_tokens of at least {LEAST_THINKING:,}, below max_tokens)"
+                    f"thinking (budget_tokens of at least {LEAST_THINKING:,}, below max_tokens)",
+                    needed=LEAST_THINKING + 1,
                 )
             where["thinking"] = {**thinking, "budget_tokens": cap - 1}
 
