@@ -12,6 +12,7 @@ import pytest
 import signoff as so
 from signoff._budgets import own_left
 from signoff._engine import Driver
+from signoff.models._scripted import Step
 from signoff.testing import call, call_tools, reply, scripted_agent, timeline
 
 from ._models import Capped
@@ -360,6 +361,56 @@ async def test_stop_after_a_reply_too_few_tokens_could_hold_calls_the_model_no_m
             "budget: the session used 0 of max_tokens=100; the person chose to stop"
         )
     assert model.caps == [100]
+
+
+def _echo(messages: list[so.Message]) -> so.ModelResponse:
+    """A reply saying the last message the person sent."""
+    said = [m.text for m in messages if isinstance(m, so.UserMessage)]
+    return reply(f"read: {said[-1]}")
+
+
+async def test_a_message_after_a_stop_not_yet_driven_starts_the_next_turn(
+    store_url: str,
+) -> None:
+    """The person answered `stop` with nothing driving the turn (`resume=False`, as a CLI
+    answer without the agent or a server's worker before its claim does), then sent a message:
+    the turn ends at its next model step without the model reading anything, so the message
+    waits for that end and starts the next turn, which asks about the budget again; continued,
+    the model reads it. Before, it went into the stopped turn, which failed unread, and it
+    started no turn."""
+    steps: list[Step] = [costly(60), costly(60), _echo]
+    a = scripted_agent("a", steps, tools=[lookup], limits=so.Limits(max_tokens=100))
+    async with so.Runtime([a], store=store_url) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        [asked] = r.pending
+        stop = so.InputResponse(request_id=asked.id, option_id="stop")
+        r = await rt.respond(r.session_id, [stop], principal=ALICE, resume=False)
+        assert r.status == "running"
+        r = await rt.send(r.session_id, "just summarize", principal=ALICE)
+        assert (r.status, r.error, r.queued) == ("waiting", None, False)
+        [again] = r.pending
+        assert again.kind == "session-limit" and again.turn_id != asked.turn_id
+        events = [e async for e in rt.events(r.session_id, follow=False)]
+        [failed] = [e for e in events if e.type == "turn.failed"]
+        assert (failed.turn_id, failed.data["error"]) == (
+            asked.turn_id,
+            {
+                "code": "session_limit_reached",
+                "message": "the session used 120 of max_tokens=100; the person chose to stop",
+            },
+        )
+        assert timeline(events)[-7:] == [
+            "input.resolved answered",
+            "turn.message queued:just summarize",
+            "turn.failed",
+            "session.waiting",
+            "turn.started",
+            "input.requested session-limit:" + (again.question or ""),
+            "turn.waiting",
+        ]
+        go_on = so.InputResponse(request_id=again.id, option_id="continue")
+        r = await rt.respond(r.session_id, [go_on], principal=ALICE)
+        assert (r.status, r.text) == ("completed", "read: just summarize")
 
 
 @so.tool(approval=True)

@@ -10,6 +10,7 @@ from typing import Any, Literal, NamedTuple
 from ._answers import Reply, check_principal, check_unambiguous, names_several
 from ._answers import check_text as _check_text
 from ._answers import match as _match
+from ._budgets import stopped_at_limit
 from ._call_guards import closes_stop
 from ._cancellation import stop_calls
 from ._candidates import RECOVERY_GRACE
@@ -82,11 +83,13 @@ class Messages(MessageResults):
         subagent's next question, once that answer let it go on). Otherwise, with `steer` (the
         default), open approvals are ignored, open questions withdrawn and the model reads the
         message; with `queue` it waits for the end of the turn, unless the turn is held on an
-        approval. An approval whose deadline (or a subagent's, behind a mirror) closed it before
-        the message came holds nothing: the turn that deadline resumed is driven on (by this
-        call, inline, unless a live drive holds it), with a `queue` message (or someone else's)
-        behind it, a `steer` one read in it; a subagent's this runtime lacks the agent to record
-        is `UnknownAgent`, nothing recorded.
+        approval. A turn whose person answered `stop` to a spent budget, not yet ended (no drive
+        went on with it since), ends before its model reads anything: a `steer` message waits
+        for that end too and starts the next turn. An approval whose deadline (or a
+        subagent's, behind a mirror) closed it before the message came holds nothing: the turn
+        that deadline resumed is driven on (by this call, inline, unless a live drive holds
+        it), with a `queue` message (or someone else's) behind it, a `steer` one read in it; a
+        subagent's this runtime lacks the agent to record is `UnknownAgent`, nothing recorded.
         A message from someone other than the person the turn serves waits for the turn's end.
         A turn that failed in a way a retry can resume has not ended: such a message, and a
         `queue` one, waits for the retry to finish it (or a cancel); only a `steer` message from
@@ -285,7 +288,10 @@ class Messages(MessageResults):
                     return await self._drive(session_id, outcomes=outcomes, answered=went_to)
             held_on_approval = any(r.kind == "tool-approval" for r in pending)
             who = None if principal is None else principal.model_dump()
-            if not same_person or (turn_policy == "queue" and not held_on_approval):
+            # A turn its person chose to stop at a spent budget (answered, not driven yet) ends
+            # at its next model step, unread: a steer waits for that end and starts the next.
+            stopping = not pending and await stopped_at_limit(state, self.store) is not None
+            if not same_person or stopping or (turn_policy == "queue" and not held_on_approval):
                 data = {"message": message, "principal": who, "policy": turn_policy, **key}
                 driver = self._driver(state, None)
                 try:
