@@ -363,3 +363,41 @@ async def test_the_http_api_and_the_dashboard_show_what_subagents_spent(tmp_path
             page = (await c.get(f"/_signoff/sessions/{r.session_id}")).text
             assert "<dt>Subagents</dt><dd>1,280 tokens · $0.0042</dd>" in page
             assert "<dt>Subagents</dt>" not in (await c.get(f"/_signoff/sessions/{child.id}")).text
+
+
+@so.tool(approval=True)
+async def refund(order_id: str) -> str:
+    """Refund an order."""
+    return f"refunded {order_id}"
+
+
+@pytest.mark.parametrize("kind", ["session-limit", "tool-approval"])
+async def test_a_requests_run_so_far_counts_what_subagents_spent(tmp_path: Path, kind: str) -> None:
+    """The child spent 150 tokens, the parent 10: the request the parent asks next (at 160 of
+    max_tokens=100, "150 of them by its subagents", or an approval of a refund) records the
+    run's 160 as its `usage`, as its question counts it: the HTTP API's request and the
+    dashboard's "Run so far" show it. Before, they showed the parent's own 10 beside a
+    question that said 160."""
+    from signoff.server import create_app
+
+    steps = [
+        call_tools(call("orders", call_id="d1", message="where is 3?"), usage=tokens(10)),
+        call_tools(call("refund", call_id="r1", order_id="3")),
+        reply("Refunded."),
+    ]
+    limits = so.Limits(max_tokens=100) if kind == "session-limit" else None
+    parent = scripted_agent("support", steps, tools=[so.delegate("orders"), refund], limits=limits)
+    async with so.Runtime([parent, orders(tokens(150))], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="refund 3", auth=ALICE)
+        [asked] = r.pending
+        assert asked.kind == kind and asked.child is None
+        if kind == "session-limit":
+            assert "160 of max_tokens=100 (150 of them by its subagents)" in (asked.question or "")
+        assert asked.usage == tokens(160)
+        transport = httpx.ASGITransport(app=create_app(rt, dev=True))
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+            view = (await c.get(f"/v1/sessions/{r.session_id}")).json()
+            assert [p["usage"] for p in view["pending"]] == [tokens(160).model_dump()]
+            page = (await c.get(f"/_signoff/sessions/{r.session_id}")).text
+            card = page[page.index(f'id="{asked.id}"') :]
+            assert "<dt>Run so far</dt><dd>160 tokens" in card[: card.index("</article>")]

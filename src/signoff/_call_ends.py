@@ -360,7 +360,7 @@ class CallEnds(DriverPart):
             source="tool",
             requested_by=turn.principal,
             created_at=now,
-            usage=s.usage,
+            usage=s.usage + s.delegated,  # what the run spent, its subagents too
             # The tool's rules, whoever asks: without them the requester alone settled a
             # payload under `approvers=2, exclude_requester=True`, and it never expired.
             approvers=rules.approvers,

@@ -426,7 +426,7 @@ class CallJournal:
                 index=index,
                 requested_by=turn.principal,
                 created_at=self.driver.clock(),
-                usage=s.usage,
+                usage=s.usage + s.delegated,  # what the run spent, its subagents too
                 max_result_bytes=recorded_bound(self._limit()),
                 echoes_answer=recorded_bound(self._limit()) is not None and self._echoes(),
             )

@@ -479,6 +479,7 @@ class ModelStep(DriverPart):
         limits = self.agent.limits
         to = continue_to(s, limits, self.agent.model, floor, usage, room)
         raised = raised_to(to)
+        run = s.usage + s.delegated  # what the run spent, its subagents too, as asked about
         request = InputRequest(
             kind="session-limit",
             id=new_id("req"),
@@ -489,7 +490,7 @@ class ModelStep(DriverPart):
             options=limit_options(raised),
             requested_by=principal,
             created_at=self.clock(),
-            usage=s.usage if usage is None else s.usage + usage,
+            usage=run if usage is None else run + usage,
         )
         requested: dict[str, Any] = {
             "requests": [dump_request(request)],

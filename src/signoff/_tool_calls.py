@@ -118,10 +118,11 @@ class ToolCalls(CallEnds):
         # recorded here (or the first call started), so a drive after this one (the workflow
         # call parked on a question) asks for them as decided, not reviewing them again.
         unrecorded: dict[str, dict[str, Any]] = {}
-        # A request's usage is the session's at park time: with what the reviews that the
-        # batch opening it records cost (those of every call that does not run here).
+        # A request's usage is the run's at park time (its subagents' spend too): with what the
+        # reviews that the batch opening it records cost (those of every call not run here).
         spent = Verdict.spent(v for _, _, _, v in decided if v.action != "run")
-        at_park = s.usage if spent is None else s.usage + spent
+        run = s.usage + s.delegated
+        at_park = run if spent is None else run + spent
         for call, tool, validated, verdict in decided:
             # The outcome of a call that does not run carries what reviewing it cost.
             billed = {"usage": verdict.usage}
