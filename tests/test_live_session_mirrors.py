@@ -501,3 +501,33 @@ async def test_a_mirror_of_a_mirror_closes_after_the_requests_below_it() -> None
 
     assert await asyncio.wait_for(watch(), 5) == [("p", 1), ("g", 2), ("c", 2), ("p", 2)]
     assert live.children["c"].children["g"].requests["q1"].status == "settled"
+
+
+async def test_a_synced_view_follows_its_mirrors_subagents_two_levels_down_at_once() -> None:
+    """A view read first (`sync()`, as `AsyncClient.session()` returns it), then followed, read
+    its mirror's subagent's stream but that subagent's own mirror's subagent's only once the
+    subagent's stream brought an event: a vote in the grandchild's session never came."""
+    ref = {"session_id": "g", "request_id": "q1", "agent": "billing", "call_id": "k0"}
+    remote = _desk()
+    remote.logs["c"] = [
+        _event(
+            "c", 1, "input.requested", {"requests": [_request("c", "r1", child=ref, approvers=2)]}
+        )
+    ]
+    remote.logs["g"] = [
+        _event("g", 1, "input.requested", {"requests": [_request("g", "q1", approvers=2)]})
+    ]
+    live = LiveSession(remote, "p", clock=lambda: 1.0)
+    await live.sync()
+    counted = {"request_id": "q1", "outcome": "counted", "by": {"principal_id": "carol"}}
+    await remote.append(_event("g", 2, "approval.candidate", counted))
+
+    async def watch() -> tuple[str, int, str]:
+        async with contextlib.aclosing(live.follow()) as events:
+            async for event in events:
+                return event.session_id, event.seq, event.type
+        raise AssertionError("the stream ended")
+
+    assert await asyncio.wait_for(watch(), 5) == ("g", 2, "approval.candidate")
+    (shown,) = live.open_requests()  # the vote two levels down shows on the mirror
+    assert (shown.id, shown.approved_by, shown.progress) == ("m1", ["carol"], "1 of 2")

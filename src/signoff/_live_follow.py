@@ -117,7 +117,11 @@ class Following:
         wanted = live._mirrored() if stream.hops > 0 else []
         for child in wanted:
             if child not in self.streams:
-                self._start(_Stream(live._child(child), stream, stream.hops - 1))
+                below = _Stream(live._child(child), stream, stream.hops - 1)
+                self._start(below)
+                # Its own open mirrors at once: a view read before (`sync()`) may hold them,
+                # and its stream brings nothing new to start them while it waits on them.
+                await self._watch(below)
         await self._stop(
             [
                 s
