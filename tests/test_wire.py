@@ -4,9 +4,12 @@ park a stream for hours; a hint that is no plain number is ignored."""
 
 from __future__ import annotations
 
+import pickle
+
 import httpx
 import pytest
 
+import signoff as so
 from signoff import _wire
 
 
@@ -33,3 +36,17 @@ def test_the_pause_before_asking_again(failures: int, hint: str | None, pause: f
     assert _wire.backoff(failures, _refused(hint)) == pytest.approx(pause)
     if hint is None:
         assert _wire.backoff(failures) == pytest.approx(pause)
+
+
+def test_a_session_waiting_the_client_builds_says_the_store_did_not_name_unfinished() -> None:
+    """`unfinished` was set only by `__init__`: the client's copy of a `session_waiting` error
+    (and one pickled by an older signoff) had no such attribute, an AttributeError where the
+    docs say None."""
+    body = {"code": "session_waiting", "message": "waits", "request_ids": ["r"], "held_by": ["s"]}
+    exc = _wire.error(body, 409)
+    assert isinstance(exc, so.SessionWaiting)
+    assert (exc.held_by, exc.unfinished) == (["s"], None)
+    old = so.SessionWaiting("s", ["r"])
+    del old.__dict__["unfinished"]  # as a signoff before `unfinished` pickled it
+    again = pickle.loads(pickle.dumps(old))
+    assert again.unfinished is None

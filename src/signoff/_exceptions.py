@@ -234,6 +234,7 @@ class SessionWaiting(SessionError):
     no request is open; None if the store did not say."""
 
     code = "session_waiting"
+    unfinished: list[str] | None = None  # also for one an older signoff or the client built
 
     def __init__(
         self,
