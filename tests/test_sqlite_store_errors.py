@@ -295,8 +295,9 @@ async def test_a_session_row_holding_a_blob_for_text_is_a_store_error(
     """SQLite keeps the BLOB a hand edit puts in a text column (`SET agent = X'ff...'`): the
     listings handed its bytes on, and failed whole (HTTP 500, `signoff sessions` a traceback),
     and a BLOB id failed the trail's verification and export with a bare TypeError. The
-    listings name it now (`StoreDamaged`), as verification does a BLOB id (sessions are paged
-    by their ids); the export holds no bytes."""
+    store's listings name it now (`StoreDamaged`), as verification does a BLOB id (sessions are
+    paged by their ids), and those people read leave it out, logged; the export holds no
+    bytes."""
     agent, url, _ = await _parked_refund(tmp_path)
     with sqlite3.connect(tmp_path / "state.db") as conn:
         conn.execute(f"UPDATE sessions SET {column} = ?", (b"\xffa",))
@@ -304,9 +305,10 @@ async def test_a_session_row_holding_a_blob_for_text_is_a_store_error(
     async with so.Runtime([agent], store=url) as rt:
         store = rt.store
         assert isinstance(store, SQLiteStore)
-        for read in (rt.sessions, store.sessions_counted):
+        for read in (store.sessions, store.sessions_counted):
             with pytest.raises(so.StoreDamaged, match=re.escape(f"its {column} is b'\\xffa'")):
                 await read()
+        assert await rt.sessions() == []  # its only session left out
         out = io.StringIO()
         assert await rt.export_audit(out) > 0
         if column == "id":

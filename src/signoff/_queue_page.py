@@ -11,7 +11,7 @@ from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
 from ._deadlines import after_deadline, is_due, is_lapsed
-from ._exceptions import StoreError
+from ._exceptions import StoreDamaged, StoreError
 from ._mirrors import followed
 from ._sweeps import STORE_FAILING, one_of_many
 from ._types import InputRequest
@@ -35,13 +35,15 @@ T = TypeVar("T")
 Read = Callable[[PendingFilter], Awaitable[tuple[list[InputRequest], T]]]
 Listed = tuple[int, tuple[float, str] | None]
 """How many rows a page's read listed, and the `PendingFilter.after` past them (None: none)."""
+log = logging.getLogger("signoff.worker")
+_LEFT_OUT = "left out of the listing"
 _DUE_PAGE = 500  # open requests past their deadline read at a time (`record_closed`)
 
 
 async def queue_page(rt: Workers, flt: PendingFilter) -> tuple[list[InputRequest], bool]:
     """The page `Runtime.pending_page` shows, and whether the store may hold more past it."""
-    shown, listed, _ = await _page(rt, flt, partial(_uncounted, rt.store), None)
-    return shown, len(listed) >= flt.limit
+    shown, _, (listed, _) = await _page(rt, flt, partial(_uncounted, rt.store), None)
+    return shown, listed >= flt.limit
 
 
 async def keyed_page(
@@ -52,32 +54,36 @@ async def keyed_page(
     the next page when one on this page or an earlier one closes before that page is read.
     `passing` (a logger, and what is left undone), for a reader in the background (a hub's
     start): a request that cannot be read is logged and left out (`passing_page`)."""
+    read = partial(_uncounted, rt.store)
     if passing is not None:
         read = partial(passing_page, rt.store, log=passing[0], what=passing[1])
-        shown, _, (listed, last) = await _page(rt, flt, read, None, passing, left=False)
-        return shown, last if listed >= flt.limit else None
     # A chunk of a longer read (the server's scan under an app's own rule, a hub's start), not
     # a page shown: the turns an earlier listing left are gone on with for the page it shows.
-    shown, page, _ = await _page(rt, flt, partial(_uncounted, rt.store), None, left=False)
-    if len(page) < flt.limit or not page:
-        return shown, None
-    return shown, cursor_past(page[-1], flt.after)
+    shown, _, (listed, last) = await _page(rt, flt, read, None, passing, left=False)
+    return shown, last if listed >= flt.limit else None
 
 
 async def passing_page(
-    store: Store, flt: PendingFilter, *, log: logging.Logger, what: str
+    store: Store,
+    flt: PendingFilter,
+    *,
+    log: logging.Logger,
+    what: str,
+    passed: type[StoreError] = StoreError,
 ) -> tuple[list[InputRequest], Listed]:
     """`store.pending(flt)` for a reader in the background (a sweep, a hub's start), with how
     many rows the store listed and the cursor past them. A page the store cannot read (a
     damaged row) is read again in halves, where the store tells each row's key (`pending_keys`),
     down to the row that fails: it is logged with its session and `what` is left undone, and
     passed, so the others are read all the same, in a few reads a damaged row (not one a row,
-    at every sweep while it stays). The store failing as a whole is raised."""
+    at every sweep while it stays). The store failing as a whole is raised; so is any failure
+    but `passed` (a listing people read passes only `StoreDamaged`, a row that reads the same
+    again: one that failed otherwise, it fails with its error rather than leave a row out)."""
     try:
         page = await store.pending(flt)
     except STORE_FAILING:
         raise
-    except StoreError:
+    except passed:
         keys = getattr(store, "pending_keys", None)
         if keys is None:
             raise
@@ -87,7 +93,8 @@ async def passing_page(
     if not rows:
         return [], (0, None)
     last = rows[-1][:2]  # past `flt.after`: the keys are listed past it, as the page is
-    return await _around(store, flt, rows, 0, len(rows), log, what), (len(rows), last)
+    shown = await _around(store, flt, rows, 0, len(rows), (log, what, passed))
+    return shown, (len(rows), last)
 
 
 async def _around(
@@ -96,20 +103,23 @@ async def _around(
     rows: list[tuple[float, str, str]],
     lo: int,
     hi: int,
-    log: logging.Logger,
-    what: str,
+    passing: tuple[logging.Logger, str, type[StoreError]],
 ) -> list[InputRequest]:
-    """The requests of `rows[lo:hi]` the store can read, in order: read whole, else in halves."""
-    after = rows[lo - 1][:2] if lo else flt.after
+    """The requests of `rows[lo:hi]` the store can read, in order: read whole, else in halves.
+    `passing`: `passing_page`'s `log`, `what` and `passed`."""
+    log, what, passed = passing
+    # The first row is the one at `flt.offset` past `flt.after`; each later one, past its
+    # predecessor's key.
+    after, offset = (rows[lo - 1][:2], 0) if lo else (flt.after, flt.offset)
     try:
-        page = await store.pending(replace(flt, after=after, limit=hi - lo, offset=0))
+        page = await store.pending(replace(flt, after=after, limit=hi - lo, offset=offset))
     except STORE_FAILING:
         raise
-    except StoreError as exc:
+    except passed as exc:
         if hi - lo > 1:
             mid = (lo + hi) // 2
-            head = await _around(store, flt, rows, lo, mid, log, what)
-            return head + await _around(store, flt, rows, mid, hi, log, what)
+            head = await _around(store, flt, rows, lo, mid, passing)
+            return head + await _around(store, flt, rows, mid, hi, passing)
         _, request_id, session_id = rows[lo]
         log.warning("session %s: request %s, %s: %s", session_id, request_id, what, exc)
         return []
@@ -134,8 +144,8 @@ async def counted_page(rt: Workers, flt: PendingFilter) -> tuple[list[InputReque
     not show (`_unlisted.unlisted`), as the server's listings and `signoff pending` do: the
     page is then judged at `flt.live_at`, the moment those were read at, so a deadline passing
     since does not leave out of the page a request its total counts."""
-    shown, listed, total = await _page(rt, flt, partial(counted_listing, rt.store), flt.live_at)
-    return shown, len(listed) >= flt.limit, total
+    shown, _, ((listed, _), total) = await _page(rt, flt, partial(_counted, rt.store), flt.live_at)
+    return shown, listed >= flt.limit, total
 
 
 async def counted_listing(store: Store, flt: PendingFilter) -> tuple[list[InputRequest], int]:
@@ -149,8 +159,27 @@ async def counted_listing(store: Store, flt: PendingFilter) -> tuple[list[InputR
     return page, total
 
 
-async def _uncounted(store: Store, flt: PendingFilter) -> tuple[list[InputRequest], None]:
-    return await store.pending(flt), None
+async def _counted(
+    store: Store, flt: PendingFilter
+) -> tuple[list[InputRequest], tuple[Listed, int]]:
+    """`counted_listing`, and what its page listed: a row that does not read back is left out
+    (`_uncounted`), and counted in the total, which is then read by itself."""
+    try:
+        page, total = await counted_listing(store, flt)
+    except STORE_FAILING:
+        raise
+    except StoreDamaged:
+        passed, listed = await _uncounted(store, flt)
+        return passed, (listed, await store.count_pending(flt))
+    return page, ((len(page), cursor_past(page[-1], flt.after) if page else None), total)
+
+
+async def _uncounted(store: Store, flt: PendingFilter) -> tuple[list[InputRequest], Listed]:
+    """`store.pending(flt)` for a listing people read: a row that does not read back
+    (`StoreDamaged`: a hand edit, a half-restored copy) is logged and left out, so one damaged
+    session does not fail every caller's queue; it keeps its place among those listed, so a
+    page may show fewer than its limit while more follow (`passing_page`)."""
+    return await passing_page(store, flt, log=log, what=_LEFT_OUT, passed=StoreDamaged)
 
 
 async def _page(
@@ -210,11 +239,11 @@ async def record_closed(rt: Workers, flt: PendingFilter, now: float) -> list[str
         open_flt = replace(
             flt, status="pending", due_by=now, excluded=(), limit=_DUE_PAGE, offset=0, after=after
         )
-        page = await rt.store.pending(open_flt)
+        page, (listed, last) = await _uncounted(rt.store, open_flt)
         due += [r for r in first_seen(page, seen) if r.agent in rt.agents and is_due(r, now)]
-        if len(page) < _DUE_PAGE:
+        if listed < _DUE_PAGE or last is None:
             break
-        after = cursor_past(page[-1], after)
+        after = last
     return await rt._record_listed(list(dict.fromkeys(r.session_id for r in due)))
 
 
@@ -273,11 +302,23 @@ def as_left(request: InputRequest, now: float, lapsed: bool = False) -> InputReq
 async def _followed(
     store: Store, page: list[InputRequest], now: float, passing: tuple[logging.Logger, str] | None
 ) -> list[InputRequest]:
-    """`followed(store, page, now)`; `passing`, a mirror that fails is logged and left out."""
-    if passing is None or all(r.child is None for r in page):
+    """`followed(store, page, now)`; `passing`, a mirror that fails is logged and left out
+    (without it, a listing people read, one whose subagent's request does not read back)."""
+    if all(r.child is None for r in page):
         return await followed(store, page, now)
+    if passing is None:
+        try:
+            return await followed(store, page, now)
+        except StoreDamaged:
+            pass
     out: list[InputRequest] = []
     for r in page:
-        with one_of_many(passing[0], r.session_id, f"request {r.id}, {passing[1]}"):
+        if passing is not None:
+            with one_of_many(passing[0], r.session_id, f"request {r.id}, {passing[1]}"):
+                out += await followed(store, [r], now)
+            continue
+        try:
             out += await followed(store, [r], now)
+        except StoreDamaged as exc:
+            log.warning("session %s: request %s, %s: %s", r.session_id, r.id, _LEFT_OUT, exc)
     return out

@@ -419,7 +419,8 @@ class Runtime(Cancelling):
         `expired`. The turns of those its page shows go on (4 at once): those whose deadlines
         it recorded and, where this runtime drives its own turns, those an earlier record left
         undriven; the others are left to a sweep, a worker's claims or the next listing
-        showing them.
+        showing them. A request row that does not read back (`StoreDamaged`) is logged and
+        left out, in its place.
         """
         await self.open()
         if not isinstance(flt, PendingFilter):
@@ -449,7 +450,8 @@ class Runtime(Cancelling):
     ) -> list[SessionSummary]:
         """Sessions, most recently active first (`status`: idle, running, waiting, failed,
         cancelled). A TTL that passed with the turn unfinished is recorded first (the turn fails),
-        or else shown so; passed deadlines only shown (`state`); filtered by `status` as shown."""
+        or else shown so; passed deadlines only shown (`state`); filtered by `status` as shown.
+        A row that does not read back (`StoreDamaged`) is logged and left out, in its place."""
         await self.open()
         check_page(limit, offset)
         check_listing(agent, status)

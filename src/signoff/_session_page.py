@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection
+from functools import partial
 from typing import TYPE_CHECKING
 
 from ._deadlines import (
@@ -33,6 +34,7 @@ __all__ = [
     "counted_sessions",
     "freed_sessions",
     "lapsed_page",
+    "passing_sessions",
     "session_page",
     "shown_total",
 ]
@@ -46,6 +48,7 @@ _FREEING = (None, "running", "waiting")
 """The filters a passed deadline left unrecorded lists otherwise than the store (`waiting`
 shown `running`)."""
 
+_LEFT_OUT = "left out of the listing"
 CHUNK = 500  # sessions read per store query while filtering them as shown
 
 STATUSES = ("idle", "running", "waiting", "failed", "cancelled")
@@ -76,17 +79,56 @@ async def counted_sessions(
     `sessions_counted`; a store without it is read twice, so a commit between the two reads can
     set them apart by a session)."""
     both = getattr(store, "sessions_counted", None)
-    if both is None:
+    try:
+        if both is not None:
+            rows, total = await both(
+                agent=agent, status=status, limit=limit, offset=offset, initiated_by=initiated_by
+            )
+            return rows, total
         page = await store.sessions(
             agent=agent, status=status, limit=limit, offset=offset, initiated_by=initiated_by
         )
-        return page, await store.count_sessions(
-            agent=agent, status=status, initiated_by=initiated_by
+    except StoreDamaged:  # a row left out (`passing_sessions`), counted in the total
+        page, _ = await passing_sessions(
+            store, agent=agent, status=status, limit=limit, offset=offset, initiated_by=initiated_by
         )
-    rows, total = await both(
-        agent=agent, status=status, limit=limit, offset=offset, initiated_by=initiated_by
-    )
-    return rows, total
+    return page, await store.count_sessions(agent=agent, status=status, initiated_by=initiated_by)
+
+
+async def passing_sessions(
+    store: Store,
+    *,
+    agent: str | None,
+    status: str | None,
+    limit: int,
+    offset: int,
+    initiated_by: InitiatorFilter | None = None,
+) -> tuple[list[SessionSummary], int]:
+    """`store.sessions(...)` for a listing people read, and how many rows the store listed: a
+    row that does not read back (`StoreDamaged`: a hand edit, a half-restored copy) is logged
+    and left out, so one damaged session does not fail every caller's listing. It keeps its
+    place (offsets and totals count it), so a page may show fewer than `limit` while more
+    follow. A page that fails is read again in halves, down to the row that fails: a few reads
+    while the damage stays. Any other failure is raised."""
+
+    async def read(at: int, size: int) -> tuple[list[SessionSummary], int]:
+        try:
+            rows = await store.sessions(
+                agent=agent, status=status, limit=size, offset=at, initiated_by=initiated_by
+            )
+        except StoreDamaged as exc:
+            if size == 1:
+                log.warning("a session row is %s: %s", _LEFT_OUT, exc)
+                return [], 1
+            half = size // 2
+            head, listed = await read(at, half)
+            if listed < half:  # the listing ended there
+                return head, listed
+            tail, more = await read(at + half, size - half)
+            return head + tail, listed + more
+        return rows, len(rows)
+
+    return await read(offset, limit)
 
 
 async def lapsed_page(
@@ -124,7 +166,9 @@ async def lapsed_page(
     page: list[SessionSummary] = []
     seen = read = 0
     while True:
-        chunk = await rt.store.sessions(agent=agent, status=by_store, limit=CHUNK, offset=read)
+        chunk, listed = await passing_sessions(
+            rt.store, agent=agent, status=by_store, limit=CHUNK, offset=read
+        )
         for row in chunk:
             shown = summary_after_expiry(row, now, held, freed)
             if shown.status != status:
@@ -132,7 +176,7 @@ async def lapsed_page(
             if offset <= seen < offset + limit:
                 page.append(shown)
             seen += 1
-        if len(chunk) < CHUNK or seen >= offset + limit:
+        if listed < CHUNK or seen >= offset + limit:
             return page
         read += CHUNK
 
@@ -153,10 +197,11 @@ async def session_page(
     lapsed = await lapsed_page(rt, agent, status, limit, offset, now, probes, freed)
     if lapsed is not None:
         return lapsed
-    page = await rt.store.sessions(agent=agent, status=status, limit=limit, offset=offset)
+    listing = partial(passing_sessions, rt.store, agent=agent, status=status)
+    page, _ = await listing(limit=limit, offset=offset)
     try:
         if await rt._record_lapsed(page, now, probes):
-            page = await rt.store.sessions(agent=agent, status=status, limit=limit, offset=offset)
+            page, _ = await listing(limit=limit, offset=offset)
     except StoreError as exc:  # a store this process may only read, say
         log.warning("sessions whose TTL passed not recorded: %s", exc)
     held = await rt._running_past(page, now, probes)

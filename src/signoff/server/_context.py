@@ -17,7 +17,7 @@ from .._mirrors import followed_state
 from .._queue_page import counted_page, keyed_page, record_closed
 from .._request_session import session_of
 from .._runtime import Runtime
-from .._session_page import counted_sessions, freed_sessions
+from .._session_page import counted_sessions, freed_sessions, passing_sessions
 from .._state import SessionState
 from .._state_parts import load_principal
 from .._sync import in_thread
@@ -313,7 +313,8 @@ class ServerContext(OpenRequests, Callers):
         previous: set[str] = set()  # pushed down a chunk by one active meanwhile: listed once
         while caller is None or scanned < SESSION_SCAN:
             size = SESSION_CHUNK if caller is None else min(SESSION_CHUNK, SESSION_SCAN - scanned)
-            chunk = await self.runtime.store.sessions(
+            chunk, listed = await passing_sessions(
+                self.runtime.store,
                 agent=agent,
                 status=status if by_store else None,
                 limit=size,
@@ -333,7 +334,7 @@ class ServerContext(OpenRequests, Callers):
                 if offset <= total < offset + limit:
                     page.append(shown)
                 total += 1
-            if len(chunk) < size:
+            if listed < size:
                 break
             scanned += size
             previous = {row.id for row in chunk}

@@ -7,9 +7,10 @@ import hashlib
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from .._exceptions import StoreDamaged
 from .._queue_page import counted_listing
-from .._types import InputRequest
-from ..stores import InitiatorFilter, PendingFilter
+from .._session_page import passing_sessions
+from ..stores import InitiatorFilter, PendingFilter, Store
 
 if TYPE_CHECKING:
     from .._runtime import Runtime
@@ -43,16 +44,24 @@ class OpenRequests:
         store = self.runtime.store
         live = PendingFilter(live_at=self.runtime.now(), initiated_by=picks)
         total = await store.count_pending(live)
-        ends: list[InputRequest] = []
+        ends: list[str] = []
         if total:
             live = await self._listed(live)
-            ends, total = await counted_listing(store, replace(live, limit=1))  # one snapshot
+            try:
+                first, total = await counted_listing(store, replace(live, limit=1))  # one snapshot
+                last = (
+                    await store.pending(replace(live, limit=1, offset=total - 1)) if total else []
+                )
+                ends = [r.id for r in first + last]
+            except StoreDamaged as exc:  # an end that does not read back: its id, data unread
+                ends = await _end_ids(store, live, total, exc)
         marks: list[str] = []
         if total:
-            ends += await store.pending(replace(live, limit=1, offset=total - 1))
-            parked = await store.sessions(status="waiting", limit=1, initiated_by=picks)
+            parked, _ = await passing_sessions(
+                store, agent=None, status="waiting", limit=1, offset=0, initiated_by=picks
+            )
             marks = [f"{s.id}@{s.head}" for s in parked]
-        return total, digest(total, [r.id for r in ends] + marks)
+        return total, digest(total, ends + marks)
 
     async def open_requests_count(self) -> int:
         """The count of every open request the queue shows, as `open_requests_version`'s, with
@@ -63,6 +72,20 @@ class OpenRequests:
         if not await store.count_pending(live):
             return 0
         return await store.count_pending(await self._listed(live))
+
+
+async def _end_ids(
+    store: Store, live: PendingFilter, total: int, damaged: StoreDamaged
+) -> list[str]:
+    """The ids of the first and last of the `total` requests `live` lists, from the store's
+    keys of them (`pending_keys`, their data unread); a store without them raises `damaged`."""
+    keys = getattr(store, "pending_keys", None)
+    if keys is None:
+        raise damaged
+    rows: list[tuple[float, str, str]] = await keys(replace(live, limit=1))
+    if total:
+        rows += await keys(replace(live, limit=1, offset=total - 1))
+    return [row[1] for row in rows]
 
 
 def digest(total: int, ids: list[str]) -> str:

@@ -227,8 +227,9 @@ class Store(Protocol):
     These three only a sweep reads: a row of theirs that cannot be read is listed in its place
     as a `DamagedSession` (`_swept_rows`), which the sweep logs and passes.
     `pending_keys(flt)` lists each row `pending(flt)` would as `(created_at, id, session id)`,
-    its data unread (both stores have it: a background reader then reads a page with a damaged
-    row again a row at a time, passing that one, `_queue_page.passing_page`).
+    its data unread (both stores have it: a background reader, or a listing people read, then
+    reads a page with a damaged row again a row at a time, passing that one,
+    `_queue_page.passing_page`).
     `request_session(request_id)` is the id of the session holding that request (None if there
     is no such request), its data unread (both stores have it: the server decides whether a
     caller may see a request before reading it, so a foreign one's 404 costs what a missing

@@ -1,0 +1,133 @@
+"""A listing people read (`rt.pending()`, `rt.sessions()`, `GET /v1/requests`,
+`GET /v1/sessions`, the dashboard) with one row a hand edit damaged: that row is logged and
+left out, so one damaged session does not fail every caller's listing; it keeps its place among
+those listed (a page may show fewer than its limit, the total counts it), and reading it by
+itself (the store's own listing, its session) is still `StoreDamaged`.
+
+Both stores where the fixtures allow (`store_url`)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+
+import signoff as so
+from signoff.server import create_app
+from signoff.stores import PendingFilter
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
+
+from .test_store_edited_rows import edit
+
+T0 = 1_700_000_000.0
+
+
+def gated_agent() -> so.Agent:
+    @so.tool(approval=so.ApprovalSpec(request=so.always(), expires_in=60, on_timeout="deny"))
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        return f"refunded {order_id}"
+
+    steps = [call_tools(call("issue_refund", order_id="1")), reply("done")] * 2
+    return scripted_agent("support", steps, tools=[issue_refund])
+
+
+async def three_parked(url: str) -> list[so.GenerateResult]:
+    """Three sessions each waiting for an approval, a second apart (the first is oldest)."""
+    clock = ManualClock(T0)
+    made = []
+    async with so.Runtime([gated_agent()], store=url, clock=clock) as rt:
+        for i in range(3):
+            made.append(await rt.generate("support", prompt=f"order {i}"))
+            clock.advance(1)
+    return made
+
+
+def everyone(caller: so.Principal, initiator: so.Principal | None) -> bool:
+    return True
+
+
+@asynccontextmanager
+async def served(rt: so.Runtime, **options: Any) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(rt, dev=True, sweep_every=None, **options)
+    transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 1234))
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
+        yield c
+
+
+async def test_a_damaged_request_row_is_left_out_of_the_queue(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A request row whose data does not decode failed the queue of every caller:
+    `rt.pending()`, `GET /v1/requests` (503), the dashboard's home, the expired listing."""
+    made = await three_parked(store_url)
+    bad = made[0].pending[0]
+    edit(store_url, "UPDATE {t}requests SET data = {p} WHERE id = {p}", b"garbage", bad.id)
+    others = [m.pending[0].id for m in made[1:]]
+    clock = ManualClock(T0 + 5)
+    async with so.Runtime([gated_agent()], store=store_url, clock=clock) as rt:
+        with caplog.at_level(logging.WARNING, logger="signoff"):
+            assert [r.id for r in await rt.pending()] == others
+        assert [r for r in caplog.records if bad.id in r.getMessage()], caplog.text
+        with pytest.raises(so.StoreDamaged, match=bad.id):  # the store's own listing names it
+            await rt.store.pending(PendingFilter())
+        # Page by page, it keeps its place: the first page is empty and says more follow.
+        pages = [await rt.pending_page(PendingFilter(limit=1, offset=i)) for i in range(3)]
+        assert [([r.id for r in p], more) for p, more in pages] == [
+            ([], True),
+            (others[:1], True),
+            (others[1:], True),
+        ]
+        async with served(rt) as c, served(rt, access=everyone) as ruled:
+            for client in (c, ruled):
+                r = await client.get("/v1/requests")
+                assert r.status_code == 200, r.text
+                assert [i["id"] for i in r.json()["items"]] == others
+            r = await c.get("/v1/requests", params={"limit": 1, "offset": 1})
+            assert r.status_code == 200, r.text
+            assert ([i["id"] for i in r.json()["items"]], r.json()["total"]) == (others[:1], 3)
+            for page in ("/_signoff/", "/_signoff/fragments/queue"):
+                r = await c.get(page)
+                assert r.status_code == 200, (page, r.text[:300])
+            clock.advance(120)  # every deadline passed: the expired listing records them first
+            r = await c.get("/v1/requests", params={"status": "expired"})
+            assert r.status_code == 200, r.text
+            assert [i["id"] for i in r.json()["items"]] == others
+
+
+async def test_a_damaged_session_row_is_left_out_of_the_sessions_listing(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A session row whose `updated_at` is no number (text SQLite keeps, PostgreSQL's
+    '-infinity') failed every caller's listing of sessions: `rt.sessions()`, `GET /v1/sessions`
+    (also under an app's own `access=` rule), the dashboard's sessions page."""
+    made = await three_parked(store_url)
+    bad = made[0].session_id
+    value: Any = "x" if store_url.startswith("sqlite") else -math.inf
+    edit(store_url, "UPDATE {t}sessions SET updated_at = {p} WHERE id = {p}", value, bad)
+    others = {m.session_id for m in made[1:]}
+    async with so.Runtime([gated_agent()], store=store_url, clock=ManualClock(T0 + 5)) as rt:
+        with caplog.at_level(logging.WARNING, logger="signoff"):
+            assert {s.id for s in await rt.sessions()} == others
+        assert [r for r in caplog.records if bad in r.getMessage()], caplog.text
+        with pytest.raises(so.StoreDamaged, match=bad):  # the store's own listing names it
+            await rt.store.sessions()
+        paged = [s.id for i in range(3) for s in await rt.sessions(limit=1, offset=i)]
+        assert sorted(paged) == sorted(others)
+        async with served(rt) as c, served(rt, access=everyone) as ruled:
+            # The store counts it; a scan under an app's own rule, which cannot tell whether the
+            # caller may see it, counts those it shows.
+            for client, total in ((c, 3), (ruled, 2)):
+                r = await client.get("/v1/sessions")
+                assert r.status_code == 200, r.text
+                assert {i["id"] for i in r.json()["items"]} == others
+                assert r.json()["total"] == total
+            r = await c.get("/_signoff/sessions")
+            assert r.status_code == 200, r.text[:300]
+            r = await c.get(f"/v1/sessions/{made[1].session_id}")
+            assert r.status_code == 200, r.text
