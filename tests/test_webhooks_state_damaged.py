@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sqlite3
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -66,3 +68,74 @@ async def test_deliveries_and_warnings_go_on_past_a_damaged_kept_delivery(
         assert [level for level, _ in logged] == ["WARNING", "WARNING"], logged
         assert "dlv_old1" in logged[0][1] and "cannot be read" in logged[0][1]
         assert "dlv_old3" in logged[1][1] and "damaged" in logged[1][1]
+
+
+async def _warned_past(
+    tmp_path: Path, damage: Callable[[str, ChannelHub, WebhookChannel], Awaitable[None]]
+) -> list[str]:
+    """The deliveries of a second hub's channel started after `damage(store file, first hub,
+    its channel)`, as the receiver accepted them, past two requests' expiry warnings."""
+    clock = ManualClock()
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    async with (
+        Receiver([]) as receiver,
+        so.Runtime([refund_agent(expires_in=3600)], store=url, clock=clock) as rt,
+    ):
+        hooks = WebhookChannel(receiver.url, SECRET, expiring_within=600, clock=clock)
+        hub = ChannelHub(rt, [hooks], state=tmp_path / "a.db", clock=clock, claim_ttl=1.0)
+        async with manual(hub):
+            await rt.generate("support", prompt="Refund 1042")
+            await hub.poll()
+            await asyncio.wait_for(hooks.drain(), 10)
+        again = WebhookChannel(receiver.url, SECRET, expiring_within=600, clock=clock)
+        second = ChannelHub(rt, [again], state=tmp_path / "b.db", clock=clock, claim_ttl=1.0)
+        await damage(str(tmp_path / "s.db"), second, again)
+        async with manual(second):
+            await rt.generate("support", prompt="Refund 2")
+            for _ in range(3):
+                clock.advance(5)
+                await second.poll()
+            clock.advance(3100)  # both requests within `expiring_within` of their deadlines
+            for _ in range(3):
+                clock.advance(5)
+                await second.poll()
+            await asyncio.wait_for(again.drain(), 10)
+        return [json.loads(body)["type"] for _, body in receiver.accepted]
+
+
+async def test_a_store_memo_kept_at_a_time_that_is_text_is_passed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A memo a hub keeps in the store (`<hub>.<channel>:asked:...`) whose time a hand edit left
+    as text: SQLite's `channel_memos` read it with `float()`, a bare ValueError at the channel's
+    start and at every tick after, and no expiry warning went out. It is logged, once, and
+    passed; the channel goes on."""
+
+    async def text_time(db: str, hub: ChannelHub, channel: WebhookChannel) -> None:
+        conn = sqlite3.connect(db)
+        with conn:
+            conn.execute(
+                "INSERT INTO channel_claims (name, owner, expires_at) VALUES (?, ?, 'yesterday')",
+                (f"{hub.name}.{channel.name}:asked:abc", json.dumps({"seconds": 30})),
+            )
+        conn.close()
+
+    caplog.set_level(logging.WARNING)
+    got = await _warned_past(tmp_path, text_time)
+    assert got == ["request.opened", "request.opened", "request.expiring", "request.expiring"]
+    damaged = [r.getMessage() for r in caplog.records if "asked:abc" in r.getMessage()]
+    assert len(damaged) == 1 and "'yesterday'" in damaged[0], damaged
+
+
+async def test_kept_deliveries_that_cannot_be_read_hold_back_no_warning(tmp_path: Path) -> None:
+    """A tick read the kept deliveries a start could not, then queued the warnings due, in one
+    go: while a damaged row failed that read, at every tick, no `request.expiring` went out."""
+
+    async def failing_restore(db: str, hub: ChannelHub, channel: WebhookChannel) -> None:
+        async def restore() -> None:
+            raise so.StoreDamaged("a kept delivery is damaged")
+
+        channel._restore = restore  # type: ignore[method-assign]
+
+    got = await _warned_past(tmp_path, failing_restore)
+    assert got.count("request.expiring") == 2, got

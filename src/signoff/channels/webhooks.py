@@ -290,9 +290,12 @@ class WebhookChannel(Channel):
                 await self._restore()
             elif self._undropped:  # store copies of deliveries done that the store kept
                 await drop_pending(self)
-            await warn(self, now)
         except StoreError as exc:
             failure = exc
+        try:  # kept deliveries that cannot be read (a damaged row) hold back no warning
+            await warn(self, now)
+        except StoreError as exc:
+            failure = failure or exc
         try:  # a warning that fails holds back no redelivery
             await self._rounds.redo()
         except StoreError as exc:

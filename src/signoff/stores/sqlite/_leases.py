@@ -5,6 +5,7 @@ a park folds the WAL into the database file when the store is quiet."""
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sqlite3
 from collections.abc import Mapping, Sequence
@@ -362,30 +363,52 @@ class Leases(Connection):
     @reading
     async def channel_memos(self, prefix: str) -> list[tuple[str, str, float]]:
         """The memos kept by `keep_channel_memos` whose name starts with `prefix` (which names
-        memos, `<hub>.<channel>:...`): each name, value and when it was kept, oldest first."""
+        memos, `<hub>.<channel>:...`): each name, value and when it was kept, oldest first.
+        One whose time is no finite number (text a hand edit left, which SQLite keeps) is
+        logged and passed: it reads the same every time, and `float()` of it failed the read of
+        every other memo of its channel (its hub's restart, at every tick)."""
         (prefix,) = checked_memo_names([prefix])
         rows = self.conn.execute(
             "SELECT name, owner, expires_at FROM channel_claims "
             "WHERE substr(name, 1, length(?)) = ? ORDER BY expires_at, name",
             (prefix, prefix),
         ).fetchall()
-        return [(str(n), str(v), float(at)) for n, v, at in rows]
+        memos: list[tuple[str, str, float]] = []
+        for n, v, at in rows:
+            if type(at) not in (int, float) or not math.isfinite(at):
+                if self._new_damage(f"memo {n}", repr(at)):
+                    log.warning(
+                        "channel memo %r is damaged: its time is %.40r (%s); passed over "
+                        "until it is mended",
+                        n,
+                        at,
+                        self.path,
+                    )
+                continue
+            memos.append((str(n), str(v), float(at)))
+        return memos
 
     def _pass_over(self, session_id: str, damage: str) -> None:
         """Log, once, that claims pass over a session for its damaged lease row: the worker
         that meets it goes on with the others, and the row is the operator's to mend."""
-        if self._passed_over.get(session_id) == damage:
+        if not self._new_damage(session_id, damage):
             return
-        self._passed_over.pop(session_id, None)
-        self._passed_over[session_id] = damage  # the newest last: the oldest forgotten first
-        if len(self._passed_over) > 10_000:
-            del self._passed_over[next(iter(self._passed_over))]
         log.warning(
             "session %s is damaged: its lease %s (%s); claims pass it over until it is mended",
             session_id,
             damage,
             self.path,
         )
+
+    def _new_damage(self, key: str, damage: str) -> bool:
+        """Whether `damage` of the row `key` is news, to log once (the newest 10,000 kept)."""
+        if self._passed_over.get(key) == damage:
+            return False
+        self._passed_over.pop(key, None)
+        self._passed_over[key] = damage  # the newest last: the oldest forgotten first
+        if len(self._passed_over) > 10_000:
+            del self._passed_over[next(iter(self._passed_over))]
+        return True
 
     def _given_back(self, session_id: str, token: int, *, rest: bool = False) -> None:
         """Forget a lease this store granted. When that leaves a session at rest for a person's
