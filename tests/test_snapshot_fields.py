@@ -59,6 +59,15 @@ DAMAGES: dict[str, Callable[[dict[str, Any]], None]] = {
     "limit grants text": _set(limit_grants="2"),
     "limit grants a fraction": _set(limit_grants=1.5),
     "a key text": _set(keys={"k": "ab"}),
+    # A keyed repeat read these with a bare IndexError or ValueError (a 500 over HTTP).
+    "a key of one item": _set(keys={"k": ["asked"]}),
+    "a key's first seq text": _set(keys={"k": ["asked", "trn_1", "x"]}),
+    "a key's turn a number": _set(keys={"k": ["asked", 5, 2]}),
+    "a key's hops text": _set(keys={"k": ["asked", "trn_1", 2, "x"]}),
+    "a key of five items": _set(keys={"k": ["asked", "trn_1", 2, 0, 0]}),
+    "the turn's steps text": lambda s: s["turn"].update(steps="x"),
+    "the turn's status unknown": lambda s: s["turn"].update(status="bogus"),
+    "the turn's first seq text": lambda s: s["turn"].update(first_seq="x"),
     "a request raising to less than none": lambda s: s["requests"][0].update(
         raise_to={"max_tokens": -1}
     ),
@@ -135,6 +144,14 @@ async def test_fields_of_every_type_the_fold_gives_load(store_url: str) -> None:
         queued=[{"message": "after", "principal": None}],
         limit_grants=0,
         lapsed=False,
+        # Each form `_idempotency` lists a key's entry in.
+        keys={
+            "k1": ["a", None],
+            "k2": ["a", snapshot["turn"]["id"], 3],
+            "k3": ["a", "", None],
+            "k4": ["a", "trn_earlier"],
+            "k5": ["a", snapshot["turn"]["id"], None, 0],
+        },
     )
     write_snapshot(store_url, sid, snapshot)
     answer = so.InputResponse(request_id=waiting.pending[0].id, option_id="yes")
@@ -176,3 +193,12 @@ async def test_over_http_a_damaged_snapshot_is_a_store_error_not_a_500(tmp_path:
             got = await client.get(f"/v1/sessions/{sid}", headers={"Authorization": "Bearer t"})
     assert got.status_code == 503, got.text
     assert got.json()["error"]["code"] == "store_error"
+
+
+def test_the_turn_statuses_a_snapshot_is_checked_by_are_the_turns() -> None:
+    from typing import get_args
+
+    from signoff._snapshot_fields import TURN_STATUSES
+    from signoff._state_parts import TurnStatus
+
+    assert TURN_STATUSES == get_args(TurnStatus)

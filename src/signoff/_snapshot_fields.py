@@ -13,6 +13,7 @@ from ._events import EVENT_TYPES, EventType
 from ._settings import finite
 
 __all__ = [
+    "TURN_STATUSES",
     "budgets_of",
     "check_fields",
     "error_of",
@@ -28,12 +29,18 @@ __all__ = [
 
 
 def check_fields(data: dict[str, Any]) -> None:
-    """Refuse (`ValueError`) a snapshot whose session fields (not its turn's or requests') are
-    not of the types the fold gives them; one left out is read as its default. Each is looked
-    at once, and the collections only one level down, so reading one costs what it holds."""
+    """Refuse (`ValueError`) a snapshot whose session fields (not its requests'), and its
+    turn's status and counts, are not of the types the fold gives them; one left out is read as
+    its default. Each is looked at once, and the collections only one level down, so reading one
+    costs what it holds."""
     for name, ok in _FIELDS.items():
         if name in data and not ok(value := data[name]):
             raise ValueError(f"a snapshot's {name} is {value!r:.100}")
+    turn = data.get("turn")
+    if type(turn) is dict:
+        for name, ok in _TURN_FIELDS.items():
+            if name in turn and not ok(value := turn[name]):
+                raise ValueError(f"a snapshot's turn's {name} is {value!r:.100}")
 
 
 def _text(v: object) -> bool:
@@ -95,8 +102,15 @@ def _queued(v: object) -> bool:
 
 
 def _keys(v: object) -> bool:
-    """an idempotency key's digest -> [what it asked, where its message went...]"""
-    return type(v) is dict and all(type(x) is list and x for x in v.values())
+    """an idempotency key's digest -> [what it asked, where its message went...], in the forms
+    `_idempotency` lists: a turn's id (or "", or None), its first seq (or None), its hops"""
+    return type(v) is dict and all(_key(x) for x in v.values())
+
+
+def _key(x: object) -> bool:
+    if type(x) is not list or not 2 <= len(x) <= 4 or not _or_none(_text)(x[1]):
+        return False
+    return (len(x) < 3 or _or_none(_count)(x[2])) and (len(x) < 4 or _count(x[3]))
 
 
 def _candidates(v: object) -> bool:
@@ -129,6 +143,17 @@ _FIELDS: dict[str, Callable[[object], bool]] = {
     "keys": _keys,
     "candidates": _candidates,
     "requests": lambda v: type(v) is list,
+}
+
+
+TURN_STATUSES = ("running", "waiting", "completed", "failed", "cancelled")
+"""`TurnStatus`'s values (`_state_parts`, not below this module)."""
+
+_TURN_FIELDS: dict[str, Callable[[object], bool]] = {
+    "id": _text,
+    "status": lambda v: v in TURN_STATUSES,
+    "steps": _count,
+    "first_seq": _count,
 }
 
 
