@@ -131,3 +131,22 @@ async def test_a_damaged_session_row_is_left_out_of_the_sessions_listing(
             assert r.status_code == 200, r.text[:300]
             r = await c.get(f"/v1/sessions/{made[1].session_id}")
             assert r.status_code == 200, r.text
+
+
+async def test_a_status_no_signoff_writes_is_store_damaged(store_url: str) -> None:
+    """A session row's status a hand edit set to text no signoff writes was listed as that
+    status (`rt.sessions()`, `GET /v1/sessions`) though its state reads another; a request
+    row's is `StoreDamaged` naming it. Either is left out of the listings people read."""
+    made = await three_parked(store_url)
+    bad, odd = made[0].session_id, made[1].pending[0].id
+    edit(store_url, "UPDATE {t}sessions SET status = 'bogus' WHERE id = {p}", bad)
+    edit(store_url, "UPDATE {t}requests SET status = 'bogus' WHERE id = {p}", odd)
+    async with so.Runtime([gated_agent()], store=store_url, clock=ManualClock(T0 + 5)) as rt:
+        with pytest.raises(so.StoreDamaged, match=f"'{bad}' is damaged: its status is 'bogus'"):
+            await rt.store.sessions()
+        assert {s.id for s in await rt.sessions()} == {m.session_id for m in made[1:]}
+        assert (await rt.state(bad)).status == "waiting"  # its log says so
+        with pytest.raises(so.StoreDamaged, match=odd):
+            await rt.store.get_request(odd)
+        every = [r.id for r in await rt.pending(PendingFilter(status=None))]
+        assert every == [made[0].pending[0].id, made[2].pending[0].id]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, cast, get_args
 
 from .._exceptions import StoreDamaged, UsageError
 from .._settings import check_page
@@ -47,7 +47,7 @@ def session_summary(row: Sequence[Any]) -> SessionSummary:
     return SessionSummary(
         id=_text(i, i, "id"),
         agent=_text(a, i, "agent"),
-        status=cast(SessionStatus, _text(st, i, "status")),
+        status=_status(st, i),
         head=int(_number(h, i, "head", whole=True)),
         created_at=float(_number(c, i, "created_at")),
         updated_at=float(_number(u, i, "updated_at")),
@@ -75,6 +75,15 @@ def _number(value: Any, session_id: object, what: str, *, whole: bool = False) -
     if not whole and isinstance(value, float) and math.isfinite(value):
         return value
     raise StoreDamaged(f"session {session_id!r:.60} is damaged: its {what} is {value!r:.40}")
+
+
+def _status(value: Any, session_id: object) -> SessionStatus:
+    """A session row's status, one signoff writes, else `StoreDamaged`: text a hand edit left
+    was listed as the session's status, though its state reads another."""
+    text = _text(value, session_id, "status")
+    if text not in get_args(SessionStatus):
+        raise StoreDamaged(f"session {session_id!r:.60} is damaged: its status is {text!r:.40}")
+    return cast(SessionStatus, text)
 
 
 def _text(value: Any, session_id: object, what: str) -> str:
