@@ -22,6 +22,8 @@ from signoff.channels import ChannelHub, _claims
 
 from ._channel_state import Seen, gated, open_one
 from ._channels import manual
+from ._procs import query
+from .test_store_edited_rows import edit
 
 
 async def until(check: Any, timeout: float = 15.0) -> None:
@@ -360,3 +362,23 @@ async def test_a_hub_on_the_same_file_by_another_path_takes_no_live_claim(
         finally:
             await one.stop()
             await two.stop()
+
+
+@pytest.mark.parametrize("column", ["expires_at", "after_id"])
+async def test_a_claim_row_a_hand_edit_left_text_in_is_store_damaged(
+    tmp_path: Path, column: str
+) -> None:
+    """SQLite keeps text where a hand edit puts it: such a claim row was a plain `StoreError`,
+    which the docs call worth retrying, though reading it again gives the same; it is
+    `StoreDamaged`, as every other row that does not read back, and nothing is written.
+    (PostgreSQL's columns are typed: no such row can be kept there.)"""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    async with so.Runtime([], store=url) as rt:
+        await rt.open()
+        store: Any = rt.store
+        assert (await store.claim_channel("hub.ch", "one", 30.0, 100.0, after_id=2))[0]
+        edit(url, f"UPDATE {{t}}channel_claims SET {column} = 'x' WHERE name = {{p}}", "hub.ch")
+        with pytest.raises(so.StoreDamaged, match="channel claim 'hub.ch' is damaged"):
+            await store.claim_channel("hub.ch", "two", 30.0, 200.0)
+        row = query(url, "SELECT owner FROM {t}channel_claims WHERE name = {p}", "hub.ch")
+        assert row == [("one",)]

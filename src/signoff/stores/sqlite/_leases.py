@@ -10,7 +10,7 @@ import os
 import sqlite3
 from collections.abc import Mapping, Sequence
 
-from ..._exceptions import StoreDamaged, StoreError, UnknownSession
+from ..._exceptions import StoreDamaged, UnknownSession
 from .._base import (
     CHANNEL_CLAIMED,
     CHANNEL_MEMOS,
@@ -301,7 +301,7 @@ class Leases(Connection):
                 if not isinstance(until, int | float) or not (
                     saved is None or isinstance(saved, int)
                 ):
-                    raise StoreError(f"channel claim {name!r} is damaged: {row!r:.60}")
+                    raise StoreDamaged(f"channel claim {name!r} is damaged: {row!r:.60}")
                 heir = succeeds is not None and str(held_by).startswith(succeeds)
                 if held_by not in ("", owner) and until > now and not heir:
                     return False, None, None
