@@ -65,6 +65,8 @@ _PAUSE_FIRST, _PAUSE_MOST = 0.002, 0.1
 # Conflicts in a row that no append by others explains (the head the store reports back is the
 # one the append expected): the store's refusal stands, it is not tried on.
 _UNEXPLAINED = 3
+# What a call may be in to be moved forward without a decision still to make (`Driver.execute`).
+_READY = ("approved", "denied", "decided", "running")
 
 
 class Driver(ToolCalls, ModelStep):
@@ -401,13 +403,16 @@ class Driver(ToolCalls, ModelStep):
                     continue
                 retry = False
                 calls = list(turn.calls.values())
+                ready = next((c for c in calls if c.status in _READY), None)
                 proposed = [c for c in calls if c.status == "proposed"]
-                if proposed and await self.evaluate(proposed):
-                    continue
-                ready = next(
-                    (c for c in calls if c.status in ("approved", "denied", "decided", "running")),
-                    None,
-                )
+                # The calls go on in the response's order: one a crash cut short (`running`)
+                # runs again before the later ones it left unstarted, as it ran uninterrupted.
+                order = list(turn.calls)
+                if proposed and (
+                    ready is None or order.index(proposed[0].id) < order.index(ready.id)
+                ):
+                    if await self.evaluate(proposed):
+                        continue
                 if ready is not None:
                     await self.execute(ready)
                     continue
