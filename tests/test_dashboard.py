@@ -384,3 +384,51 @@ def test_the_sign_in_cookie_is_not_honoured_beside_the_dashboard(tmp_path: Path)
         assert c.post("/_signoff-admin").json() == {"who": None}
         assert c.post("/_signoff/whoami").json() == {"who": "alice"}
         assert c.get("/_signoff/").status_code == 200
+
+
+def _viewer_of(html: str) -> str:
+    match = re.search(r'<body [^>]*data-viewer="([0-9a-f]+)"', html)
+    assert match, "no viewer in the page"
+    return match.group(1)
+
+
+def test_a_pages_reads_as_someone_signed_in_since_in_another_tab_are_refused(base: str) -> None:
+    """A page's script sends back the viewer the page was made for (`X-Signoff-Viewer`): once
+    the browser signed in as someone else (another tab), its reads of the queue, a session and a
+    request's place are 401 `unauthenticated`, saying so, not that person's view (which said
+    alice's open request closed and her session deleted). Reads without it, or of the same
+    viewer, are served as before."""
+    body = start(base)
+    sid, rid = body["session_id"], body["pending"][0]["id"]
+    reads = (
+        "/_signoff/fragments/queue",
+        f"/_signoff/fragments/sessions/{sid}?after=0",
+        f"/_signoff/requests/{rid}/place",
+    )
+    script = {"Accept": "application/json"}
+    with signed_in(base) as c:
+        alice = _viewer_of(c.get(f"/_signoff/sessions/{sid}").text)
+        for path in reads:
+            assert c.get(path, headers={**script, "X-Signoff-Viewer": alice}).status_code == 200
+        page = c.get("/_signoff/login")  # another tab: mallory signs in in the same browser
+        c.post("/_signoff/login", data={"token": "mallory-token", "csrf": csrf_of(page.text)})
+        mallory = _viewer_of(c.get("/_signoff/").text)
+        assert mallory != alice
+        for path in reads:
+            r = c.get(path, headers={**script, "X-Signoff-Viewer": alice})
+            assert r.status_code == 401, (path, r.text)
+            assert r.json()["error"] == {
+                "code": "unauthenticated",
+                "message": "you have signed in as someone else in another tab",
+            }
+            assert c.get(path, headers={**script, "X-Signoff-Viewer": mallory}).status_code in (
+                200,
+                404,  # alice's session is not mallory's
+            )
+        assert c.get(reads[0]).status_code == 200  # no mark: a read as before
+    # the full identity, any text in it (a JWT claim's lone surrogate), in a header's characters
+    from signoff.server._pages import viewer_mark
+
+    odd = so.Principal(authenticator="jwt", principal_id="a\ud800", issuer="https://idp")
+    assert re.fullmatch(r"[0-9a-f]{32}", viewer_mark(odd))
+    assert viewer_mark(odd) != viewer_mark(odd.model_copy(update={"issuer": None}))

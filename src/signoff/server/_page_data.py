@@ -26,13 +26,15 @@ from ..stores import PendingFilter, SessionSummary
 from ..stores._audit import AuditEntry
 from ._auth import DASHBOARD_PREFIX, TokenAuth
 from ._context import ServerContext, get_context
-from ._pages import principal_of, who
+from ._errors import ApiError
+from ._pages import principal_of, viewer_mark, who
 from ._route import check_query
 from ._trace_summary import trace_summary
 
 __all__ = [
     "PAGE_SIZE",
     "TRACE_ROWS",
+    "VIEWER_HEADER",
     "SignIn",
     "answered_by_another",
     "base",
@@ -50,6 +52,10 @@ __all__ = [
 
 PAGE_SIZE = 50
 
+VIEWER_HEADER = "X-Signoff-Viewer"
+"""The mark of the viewer a page was made for (`viewer_mark`), sent by its script's reads."""
+_ANOTHER = "you have signed in as someone else in another tab"
+
 
 # -- who is looking --------------------------------------------------------------------------
 
@@ -65,6 +71,12 @@ async def signed_in(request: Request) -> tuple[ServerContext, Principal]:
     principal = await ctx.principal(request)
     if principal is None:
         raise SignIn()
+    # Signing in as someone else in another tab gives this page's reads the new cookie: they
+    # are refused rather than answered as that person (a request of this viewer's said closed,
+    # its session deleted); the page then says to sign in again, keeping what was typed.
+    said = request.headers.get(VIEWER_HEADER)
+    if said is not None and said != viewer_mark(principal):
+        raise ApiError(401, "unauthenticated", _ANOTHER)
     check_query(request)
     return ctx, principal
 

@@ -49,6 +49,7 @@ __all__ = [
     "render",
     "set_csrf",
     "utf8",
+    "viewer_mark",
     "who",
 ]
 
@@ -166,6 +167,14 @@ def who(p: object) -> str:
     return principal.principal_id
 
 
+def viewer_mark(principal: Principal) -> str:
+    """A mark of `principal`'s full identity (as `Principal.same_as` compares it; a digest, so
+    any text fits a header): a page holds its viewer's, which its script's reads send back."""
+    identity = [principal.authenticator, principal.issuer, principal.principal_type]
+    text = json.dumps([*identity, principal.principal_id])  # ASCII: a lone surrogate escaped
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
 def _usd(value: float) -> str:
     return f"${value:,.4f}" if value < 1 else f"${value:,.2f}"
 
@@ -190,7 +199,14 @@ def _bdi(value: object) -> Markup:
 
 
 env.filters.update(
-    ago=_ago, bdi=_bdi, iso=_iso, option_value=option_value, pretty=pretty, who=who, usd=_usd
+    ago=_ago,
+    bdi=_bdi,
+    iso=_iso,
+    option_value=option_value,
+    pretty=pretty,
+    who=who,
+    usd=_usd,
+    viewer_mark=viewer_mark,
 )
 
 

@@ -58,6 +58,16 @@
     return true;
   }
 
+  // A script's read of what this page shows, as the viewer it was made for: signing in as
+  // someone else in another tab gives it that person's cookie, and the server refuses it (401,
+  // said as a sign-in that ended) rather than answer as them.
+  const viewer = document.body.dataset.viewer;
+  function readAs(url) {
+    const headers = { Accept: "application/json" };
+    if (viewer) headers["X-Signoff-Viewer"] = viewer;
+    return fetch(url, { credentials: "same-origin", headers });
+  }
+
   function fragment(html) {
     const t = document.createElement("template");
     t.innerHTML = html;
@@ -129,7 +139,7 @@
     card.dataset.asking = "1";
     let place = null;
     try {
-      const res = await fetch(url, { credentials: "same-origin" });
+      const res = await readAs(url);
       if (!(await signedOut(res)) && res.ok) place = await res.json();
     } catch (e) { /* not known: the next read asks again */ }
     delete card.dataset.asking;
@@ -150,6 +160,29 @@
     note.replaceChildren("Still open, now on ", where,
       ": what you type here is kept, and you can answer it here.");
     moved(true);
+  }
+
+  // A card kept (and what is typed in it) still shows what changed about its request, as a
+  // reload would: others' votes as they come, its title's badges and its facts (escalated once
+  // its deadline passed, when it no longer expires). Only its form stays as it was.
+  function redraw(current, el) {
+    current.querySelectorAll("[data-votes]").forEach((was) => {
+      const now = el.querySelector('[data-votes="' + was.dataset.votes + '"]');
+      // In place, not replaced: a screen reader announces a live region's new text only.
+      if (now && was.innerHTML !== now.innerHTML) was.innerHTML = now.innerHTML;
+    });
+    const title = current.querySelector(".card-head .title");
+    const freshTitle = el.querySelector(".card-head .title");
+    if (title && freshTitle && title.innerHTML !== freshTitle.innerHTML) title.replaceWith(freshTitle);
+    const facts = current.querySelector("dl.facts");
+    const freshFacts = el.querySelector("dl.facts");
+    if (!facts || !freshFacts) return;
+    const names = (dl) => [...dl.children].map((fact) => (fact.querySelector("dt") || {}).textContent).join("\n");
+    if (names(facts) !== names(freshFacts)) { facts.replaceWith(freshFacts); return; }
+    [...facts.children].forEach((fact, i) => {
+      const now = freshFacts.children[i];
+      if (!fact.querySelector("[data-votes]") && fact.innerHTML !== now.innerHTML) fact.innerHTML = now.innerHTML;
+    });
   }
 
   // Merge freshly rendered cards into a container without touching cards still present, so a
@@ -182,12 +215,7 @@
           const note = current.querySelector(".moved-note");
           if (note) note.remove();
         }
-        // A card kept (and what is typed in it) still shows others' votes as they come.
-        current.querySelectorAll("[data-votes]").forEach((was) => {
-          const now = el.querySelector('[data-votes="' + was.dataset.votes + '"]');
-          // In place, not replaced: a screen reader announces a live region's new text only.
-          if (now && was.innerHTML !== now.innerHTML) was.innerHTML = now.innerHTML;
-        });
+        redraw(current, el);
       }
       previous = current;
     });
@@ -387,7 +415,7 @@
     const read = async () => {
       const mine = ++asked;
       const q = queue.dataset.query;
-      const res = await fetch(prefix + "/fragments/queue" + (q ? "?" + q : ""), { credentials: "same-origin" });
+      const res = await readAs(prefix + "/fragments/queue" + (q ? "?" + q : ""));
       if (await signedOut(res) || !res.ok) return;
       const html = await res.text();
       if (mine < merged) return;
@@ -423,7 +451,7 @@
       try {
         // The page of open requests shown (`page=`), which the pager's query names.
         const q = (document.querySelector("[data-pager]") || { dataset: {} }).dataset.query;
-        const res = await fetch(prefix + "/fragments/sessions/" + encodeURIComponent(sid) + "?after=" + seq + (q ? "&" + q : ""), { credentials: "same-origin" });
+        const res = await readAs(prefix + "/fragments/sessions/" + encodeURIComponent(sid) + "?after=" + seq + (q ? "&" + q : ""));
         if (res.status === 404) { gone(); return; }
         if (await signedOut(res) || !res.ok) return;
         const data = await res.json();
