@@ -531,3 +531,57 @@ async def test_a_synced_view_follows_its_mirrors_subagents_two_levels_down_at_on
     assert await asyncio.wait_for(watch(), 5) == ("g", 2, "approval.candidate")
     (shown,) = live.open_requests()  # the vote two levels down shows on the mirror
     assert (shown.id, shown.approved_by, shown.progress) == ("m1", ["carol"], "1 of 2")
+
+
+class _SlowClose(Streams):
+    """`Streams` whose followed stream of `c` closes only once `closed` is set (an HTTP
+    stream's close taking a while)."""
+
+    def __init__(self, logs: dict[str, list[so.Event]]) -> None:
+        super().__init__(logs)
+        self.closed = asyncio.Event()
+
+    async def events(
+        self,
+        session_id: str,
+        after: int = 0,
+        *,
+        follow: bool = True,
+        retries: int = 5,
+        shown: so.Event | None = None,
+    ) -> AsyncGenerator[so.Event, None]:
+        try:
+            async for event in super().events(session_id, after, follow=follow, shown=shown):
+                yield event
+        finally:
+            if session_id == "c" and follow:
+                await self.closed.wait()
+
+
+async def test_a_mirrors_close_a_timeout_cut_short_comes_with_the_next_follow() -> None:
+    """The mirror's close was folded, then its subagent's stream stopped before it was
+    yielded: a caller's timeout then (`asyncio.wait_for(anext(...))`) left it folded but
+    never yielded, and the next `follow()` read on after it."""
+    remote = _SlowClose(_desk().logs)
+    live = LiveSession(remote, "p", clock=lambda: 1.0)
+    closed = {"request_id": "r1", "status": "settled", "outcome": "approved"}
+    mirrored = {"request_id": "m1", "status": "settled", "outcome": "approved"}
+    events = live.follow()
+    try:
+        first = await asyncio.wait_for(anext(events), 5)
+        assert (first.session_id, first.seq) == ("p", 1)
+        await remote.append(_event("c", 2, "input.resolved", closed))
+        below = await asyncio.wait_for(anext(events), 5)
+        assert (below.session_id, below.seq) == ("c", 2)
+        await remote.append(_event("p", 2, "input.resolved", mirrored))
+        with contextlib.suppress(TimeoutError):  # `c`'s stream stopping, not yet closed
+            await asyncio.wait_for(anext(events), 0.2)
+    finally:
+        remote.closed.set()
+        await events.aclose()
+    assert live.requests["m1"].status == "settled"  # folded
+    await remote.append(_event("p", 3, "turn.completed", {"text": "done"}))
+    async with contextlib.aclosing(live.follow()) as again:
+        seen = [await asyncio.wait_for(anext(again), 5) for _ in range(2)]
+    assert [(e.session_id, e.seq) for e in seen] == [("p", 2), ("p", 3)]
+    assert remote.open == {"p": 0, "c": 0}

@@ -1,7 +1,9 @@
 """What `LiveSession.follow()` reads: the session's stream and those of the subagent sessions
 its open mirrors stand for (theirs too, `MAX_HOPS` deep). Each stream's events are queued as
 read and folded into their view only as `follow()` yields them, so no view reads ahead of what
-its caller was given and the next `follow()` reads on from there, losing none.
+its caller was given and the next `follow()` reads on from there, losing none. One folded but
+stopped before its yield (a caller's timeout while its fold stops a subagent's stream) is kept
+(`LiveSession._unsent`) for the next `follow()` to yield first.
 
 A mirror's close (the session's `input.resolved`) is yielded after its subagent's request's,
 which the server records first: if the subagent's stream has not brought that yet, its session
@@ -56,7 +58,11 @@ class Following:
         self.top = _Stream(live, None, MAX_HOPS)
 
     async def events(self) -> AsyncGenerator[Event, None]:
-        """Fold and yield the events as `LiveSession.follow()` says, until the caller stops."""
+        """Fold and yield the events as `LiveSession.follow()` says, until the caller stops:
+        first those an earlier one folded but did not yield."""
+        unsent = self.top.live._unsent
+        while unsent:
+            yield unsent.pop(0)
         self._start(self.top)
         try:
             await self._watch(self.top)
@@ -147,13 +153,20 @@ class Following:
                 above = shown.above.live
                 above._refresh(above._mirrors.get(shown.live.session_id, ()))
                 shown = shown.above
-        if touched is None or any(live._recorded[i].request.child is not None for i in touched):
-            await self._watch(stream)  # the open mirrors may have changed: one asked or closed
         session_id = live.session_id
-        if event.seq > self.sent.get(session_id, 0) and (
+        sending = event.seq > self.sent.get(session_id, 0) and (
             stream is self.top or event.type in MIRRORED  # the subagent's turn is not ours
-        ):
+        )
+        if sending:
             self.sent[session_id] = event.seq
+        if touched is None or any(live._recorded[i].request.child is not None for i in touched):
+            try:  # the open mirrors may have changed: one asked or closed
+                await self._watch(stream)
+            except BaseException:  # a caller's cancel while a stream stops: folded, not yielded
+                if sending:
+                    self.top.live._unsent.append(event)
+                raise
+        if sending:
             yield event
 
     def _closing(self, stream: _Stream, event: Event) -> tuple[_Stream, str] | None:

@@ -100,6 +100,9 @@ class LiveSession:
     _shown_lapsed: bool = field(default=False, init=False, repr=False)
     # The requests (mirrors) that stand for each subagent session's.
     _mirrors: dict[str, list[str]] = field(default_factory=dict, init=False, repr=False)
+    # Events a `follow()` folded but, stopped before it yielded them (a caller's timeout),
+    # did not yield: the next `follow()` yields them first (`_live_follow`).
+    _unsent: list[Event] = field(default_factory=list, init=False, repr=False)
 
     def apply(self, event: Event) -> None:
         """Fold one event in; one at or before `seq` was already folded and is skipped. One
