@@ -6,6 +6,8 @@ read `pending` in a listing of every status until a read of its session recorded
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -17,6 +19,7 @@ from signoff.stores import PendingFilter
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
 from ._dashboard import csrf_of
+from ._delegation import refund_desk
 
 ALICE = so.Principal(authenticator="sso", principal_id="alice")
 
@@ -132,3 +135,81 @@ async def test_the_http_listing_of_expired_requests_records_a_passed_ttl_first(
         assert (await c.post("/_signoff/login", data=signed)).status_code == 303
         audit = (await c.get("/_signoff/audit", params={"status": "expired"})).text
         assert rid in audit and later in audit
+
+
+def _counting(store: Any, names: tuple[str, ...]) -> dict[str, list[dict[str, Any]]]:
+    """Each call of the store's `names` from now on: its keywords, and what it returned
+    (`rows`)."""
+    calls: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+
+    def counting(name: str) -> Callable[..., Any]:
+        of = getattr(store, name)
+
+        @functools.wraps(of)  # its signature, which the runtime reads
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            got = await of(*args, **kwargs)
+            calls[name].append({**kwargs, "rows": got})
+            return got
+
+        return counted
+
+    for name in names:
+        setattr(store, name, counting(name))
+    return calls
+
+
+async def test_lapsed_sessions_holding_no_such_request_cost_a_listing_a_few_queries(
+    store_url: str,
+) -> None:
+    """A lapsed session holding no request an expired listing matches (of another tool) is
+    never recorded, so every such listing counted its requests again, one query each (300
+    lapsed sessions: 300 queries a listing); and a listing of every status read every lapsed
+    session of its page's agents. Now one listing of their requests, and the page's sessions
+    only."""
+    clock = ManualClock()
+    async with so.Runtime([_solo()], store=store_url, clock=clock) as rt:
+        for i in range(60):
+            await rt.generate("solo", prompt=f"refund order {i}", auth=ALICE)
+        clock.advance(10)
+        calls = _counting(rt.store, ("pending", "count_pending", "lapsed_sessions"))
+        for _ in range(2):
+            flt = PendingFilter(status="expired", tool_name="other")
+            assert (await rt.pending_page(flt))[0] == []
+        assert len(calls["count_pending"]) == 0
+        assert len(calls["pending"]) <= 2 * 3 and len(calls["lapsed_sessions"]) == 2
+        assert await rt.store.count_sessions(status="waiting") == 60  # none recorded
+        for name in calls:
+            calls[name].clear()
+        page, _ = await rt.pending_page(PendingFilter(status=None, limit=10))
+        assert [r.status for r in page] == ["expired"] * 10
+        assert len(calls["pending"]) <= 3 and len(calls["lapsed_sessions"]) == 1
+        (lapsed,) = calls["lapsed_sessions"]
+        assert sorted(lapsed["ids"]) == sorted({r.session_id for r in page})
+        assert len(lapsed["rows"]) == 10
+
+
+async def test_a_listing_of_every_status_shows_a_subagents_request_below_a_lapsed_parent_withdrawn(
+    store_url: str,
+) -> None:
+    """The parent's TTL passed: the queue left the subagent's request out, `state()` read it
+    withdrawn and an answer to it was refused, while a listing of every status showed it
+    `pending` (it looked at the request's own session only)."""
+    clock = ManualClock()
+    support, billing = refund_desk(so.always(), [])
+    support.limits = so.Limits(ttl=60)
+    async with so.Runtime([support, billing], store=store_url, clock=clock) as rt:
+        r = await rt.generate("support", prompt="refund 9", auth=ALICE)
+        (mirror,) = r.pending
+        assert mirror.child is not None
+        child = mirror.child
+        clock.advance(61)
+        page, _ = await rt.pending_page(PendingFilter(status=None))
+        assert {x.id: x.status for x in page} == {
+            mirror.id: "expired",
+            child.request_id: "withdrawn",
+        }
+        assert await rt.pending() == []
+        state = await rt.state(child.session_id)
+        assert state.requests[child.request_id].status == "withdrawn"
+        page, _ = await rt.pending_page(PendingFilter(status=None))
+        assert {x.id: x.status for x in page}[child.request_id] == "withdrawn"

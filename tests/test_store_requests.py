@@ -240,6 +240,10 @@ async def test_pending_filters_and_count(store: Store) -> None:
     assert await ids(excluded=("req_2",), limit=1, offset=1) == ["req_4"]
     assert await ids(excluded=("req_1", "req_4", "no such", 'it\'s "quoted"')) == ["req_2"]
     assert await ids(agent="billing", excluded=("req_1",)) == ["req_4"]
+    assert await ids(session_ids=(s2, "no such", 'it\'s "quoted"')) == ["req_4"]
+    assert await ids(session_ids=(s1, s2), kind="tool-approval") == ["req_1", "req_4"]
+    assert await ids(session_ids=(s2,), session_id=s1) == []
+    assert await ids(session_ids=()) == []
     assert await store.count_pending(PendingFilter(limit=1)) == 3
     listed = await store.pending(PendingFilter(session_id=s1))
     assert all(r.status == "pending" for r in listed)
@@ -269,6 +273,9 @@ async def test_pending_filters_and_count(store: Store) -> None:
         ({"offset": 2**63}, r"PendingFilter\(offset=...\) must be a whole number from 0"),
         ({"excluded": ["req_1"]}, r"PendingFilter\(excluded=...\) must be a tuple of request"),
         ({"excluded": ("req_1", 2)}, r"PendingFilter\(excluded=...\) must be a tuple of req"),
+        ({"session_ids": ["s"]}, r"PendingFilter\(session_ids=...\) must be a tuple of sess"),
+        ({"session_ids": ("s", 2)}, r"PendingFilter\(session_ids=...\) must be a tuple of s"),
+        ({"session_ids": ("s\ud800",)}, r"PendingFilter\(session_ids=...\) must be a tuple"),
         ({"after": (T0, 5)}, r"PendingFilter\(after=...\) must be a request's \(created_at, id\)"),
         ({"after": ["1", "req_1"]}, r"PendingFilter\(after=...\) must be a request's"),
         ({"after": (True, "req_1")}, r"PendingFilter\(after=...\) must be a request's"),

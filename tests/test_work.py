@@ -253,6 +253,12 @@ async def test_a_sweep_reads_only_what_is_due_and_applies_it(store_url: str) -> 
         assert await _due(rt.store, start + 59.9) == ([], [])
         requests, sessions = await _due(rt.store, start + 60)  # the deadline itself counts
         assert sorted(requests) == sorted([r1.id, r2.id]) and sessions == [parked.session_id]
+        store: Any = rt.store
+        among = [r1.session_id, "no such", parked.session_id]
+        lapsed = await store.lapsed_sessions(start + 60, ids=among)
+        assert [s.id for s in lapsed] == [parked.session_id]
+        assert await store.lapsed_sessions(start + 60, ids=[r1.session_id]) == []
+        assert await store.lapsed_sessions(start + 60, ids=[]) == []
         clock.advance(60)
         assert await rt.expire_due() == 3
         assert await _due(rt.store, start + 10**6) == ([], [])  # the escalation lifted r2's

@@ -4,8 +4,9 @@ page: a request closing or opening meanwhile cannot set the total and the page a
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, TypeVar
@@ -214,7 +215,7 @@ async def _page(
         followed_page = [r for r in followed_page if r.status == "pending"]
     if flt.status is None:  # a listing of every status shows one closed so as closed
         lapsed = await _lapsed_on(rt, followed_page, now)
-        shown = [as_left(r, now, r.session_id in lapsed) for r in followed_page]
+        shown = [as_left(r, now, lapsed.get(r.id)) for r in followed_page]
     else:
         shown = [a for r in followed_page if (a := after_deadline(r, now)) is not None]
     return shown, page, total
@@ -251,8 +252,10 @@ async def _record_expiries(rt: Workers, flt: PendingFilter, now: float) -> None:
     """`record_closed`'s expiries: those of the sessions of this runtime's agents whose TTL
     passed by `now` unrecorded and that hold an open request `flt` would match but for its
     status, as a sweep records them (`_checked`). Found in the store's range of lapsed
-    sessions, as a sweep finds them (`Sweeps._lapsed`: none, mostly), then one count each; a
-    turn a live drive runs on past its TTL is left to it (`Sweeps._running_past`)."""
+    sessions, as a sweep finds them (`Sweeps._lapsed`: none, mostly), then one listing of
+    their open requests (`_holding`), not one count each (a lapsed session holding none, of
+    another tool, say, stays unrecorded: every such listing asks about it again); a turn a
+    live drive runs on past its TTL is left to it (`Sweeps._running_past`)."""
     agents = sorted(a for a in rt.agents if flt.agent in (None, a))
     if not agents:
         return
@@ -262,39 +265,86 @@ async def _record_expiries(rt: Workers, flt: PendingFilter, now: float) -> None:
         if is_lapsed(row, now) and row.agent in agents and flt.session_id in (None, row.id)
     ]
     held = await rt._running_past(rows, now) if rows else set[str]()
-    holding: list[str] = []
-    for row in rows:
-        if row.id in held:
-            continue
-        probe = replace(flt, status="pending", session_id=row.id, excluded=(), offset=0, after=None)
-        if await rt.store.count_pending(probe):
-            holding.append(row.id)
-    await rt._record_listed(holding, what="passed TTL")
+    ids = [row.id for row in rows if row.id not in held]
+    probe = replace(flt, status="pending", excluded=(), offset=0, after=None)
+    await rt._record_listed(await _holding(rt.store, probe, ids), what="passed TTL")
 
 
-async def _lapsed_on(rt: Workers, page: list[InputRequest], now: float) -> set[str]:
-    """The sessions of the open requests of `page` whose TTL passed by `now` unrecorded (any
-    agent's: another process's, a store this one may only read), but those a live drive runs
-    on past it: from the store's range of lapsed sessions (none, mostly)."""
-    agents = sorted({r.agent for r in page if r.status == "pending"})
-    if not agents:
-        return set()
-    listed = {r.session_id for r in page}
+async def _holding(store: Store, flt: PendingFilter, sessions: list[str]) -> list[str]:
+    """Those of `sessions` holding a request `flt` lists: their requests listed, `_DUE_PAGE`
+    sessions a query (a session's requests past the first page read only while another of
+    those sessions may hold one further on)."""
+    found: set[str] = set()
+    for start in range(0, len(sessions), _DUE_PAGE):
+        some = sessions[start : start + _DUE_PAGE]
+        async with contextlib.aclosing(_listed(store, replace(flt, session_ids=tuple(some)))) as it:
+            async for page in it:
+                found.update(r.session_id for r in page)
+                if found.issuperset(some):
+                    break
+    return [sid for sid in sessions if sid in found]
+
+
+async def _lapsed_on(rt: Workers, page: list[InputRequest], now: float) -> dict[str, str]:
+    """The open requests of `page` (ids) the queue leaves out as its session's TTL passed by
+    `now` unrecorded (any agent's: another process's, a store this one may only read), with
+    the status that leaves them: `expired` for its own, `withdrawn` for one of a subagent's
+    delegated turn below a session whose TTL passed (its expiry cancels that turn), as
+    `state()` shows them. But those a live drive runs on past the TTL. One listing of the
+    page's sessions' requests the queue shows (`live_at`), which holds them all, mostly;
+    only those it leaves out are looked up (their sessions' lapsed rows, and whether they
+    are open still)."""
+    open_ = [r for r in page if r.status == "pending"]
+    if not open_:
+        return {}
+    live = PendingFilter(
+        status="pending",
+        session_ids=tuple(dict.fromkeys(r.session_id for r in open_)),
+        live_at=now,
+    )
+    listed: set[str] = set()
+    async for shown in _listed(rt.store, live):
+        listed.update(r.id for r in shown)
+    left = [r for r in open_ if r.id not in listed]
+    if not left:
+        return {}
+    sessions = tuple(dict.fromkeys(r.session_id for r in left))
+    still: set[str] = set()  # not one closed since the page was read
+    async for shown in _listed(rt.store, replace(live, session_ids=sessions, live_at=None)):
+        still.update(r.id for r in shown)
+    agents = sorted({r.agent for r in left})
     rows = [
         row
-        for row in await rt._lapsed(now, agents, passing=True)
-        if row.id in listed and is_lapsed(row, now)
+        for row in await rt._lapsed(now, agents, passing=True, ids=list(sessions))
+        if row.id in sessions and is_lapsed(row, now)
     ]
     held = await rt._running_past(rows, now) if rows else set[str]()
-    return {row.id for row in rows if row.id not in held}
+    own = {row.id for row in rows}
+    return {
+        r.id: "expired" if r.session_id in own else "withdrawn"
+        for r in left
+        if r.id in still and r.session_id not in held
+    }
 
 
-def as_left(request: InputRequest, now: float, lapsed: bool = False) -> InputRequest:
-    """`request` as its passed deadline, or its session's passed TTL (`lapsed`), leaves it
-    before anyone has recorded that (another agent's, a store this process may only read):
-    escalated, or closed as `expired`."""
-    if lapsed and request.status == "pending":
-        return request.model_copy(update={"status": "expired"})
+async def _listed(store: Store, flt: PendingFilter) -> AsyncGenerator[list[InputRequest], None]:
+    """Every request `flt` lists, `_DUE_PAGE` at a time by keyset (as `_unlisted._pages`)."""
+    after = None
+    seen: set[str] = set()  # a request listed again past a deleted one's cursor
+    while True:
+        page = await store.pending(replace(flt, limit=_DUE_PAGE, offset=0, after=after))
+        yield first_seen(page, seen)
+        if len(page) < _DUE_PAGE:
+            return
+        after = cursor_past(page[-1], after)
+
+
+def as_left(request: InputRequest, now: float, lapsed: str | None = None) -> InputRequest:
+    """`request` as its passed deadline, or a passed TTL (`lapsed`: the status that leaves
+    it, `_lapsed_on`), leaves it before anyone has recorded that (another agent's, a store
+    this process may only read): escalated, or closed as `expired` (or `lapsed`)."""
+    if lapsed is not None and request.status == "pending":
+        return request.model_copy(update={"status": lapsed})
     shown = after_deadline(request, now)
     return request.model_copy(update={"status": "expired"}) if shown is None else shown
 

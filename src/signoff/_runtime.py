@@ -415,8 +415,9 @@ class Runtime(Cancelling):
         requests records first the passed deadlines of the open ones it would list, and the
         passed TTLs of their sessions (those of this runtime's agents), so it lists them as
         `state()` shows them; one of every status (`status=None`) shows one it cannot record
-        as `expired` (or escalated), and one whose session's TTL passed unrecorded as
-        `expired`. The turns of those its page shows go on (4 at once): those whose deadlines
+        as `expired` (or escalated), one whose session's TTL passed unrecorded as `expired`,
+        and one of a subagent's delegated turn below a session whose TTL passed unrecorded as
+        `withdrawn`. The turns of those its page shows go on (4 at once): those whose deadlines
         it recorded and, where this runtime drives its own turns, those an earlier record left
         undriven; the others are left to a sweep, a worker's claims or the next listing
         showing them. A request row that does not read back (`StoreDamaged`) is logged and

@@ -244,15 +244,24 @@ class Sweeps(Messages):
             offset, after = offset + _SWEEP_PAGE, page[-1].id
 
     async def _lapsed(
-        self, now: float, agents: list[str] | None = None, *, passing: bool = False
+        self,
+        now: float,
+        agents: list[str] | None = None,
+        *,
+        passing: bool = False,
+        ids: list[str] | None = None,
     ) -> list[SessionSummary]:
         """The running or waiting sessions (of `agents` only, if given: a sweep records only
         its own) whose TTL passed by `now` (claims skip those: nothing else records them): only
         those where the store can tell them, else every one. A row the store cannot read is a
-        StoreError, or, `passing` (a sweep), logged and passed (`readable_sessions`)."""
+        StoreError, or, `passing` (a sweep), logged and passed (`readable_sessions`). `ids`
+        (a listing's page's sessions): only those where the store's query takes them, else
+        the others too, for the caller to pass."""
         lapsed: list[SessionSummary] = []
         query = getattr(self.store, "lapsed_sessions", None)
-        only = {} if agents is None else {"agents": agents}
+        only: dict[str, object] = {} if agents is None else {"agents": agents}
+        if ids is not None and query is not None and _takes(query, "ids"):
+            only["ids"] = ids
         for status in ("running", "waiting") if query is None else ("",):
             # The store's lapsed ones by keyset: one that another process records meanwhile
             # shifts no later one out. (Every running or waiting session by offset, else.)

@@ -199,10 +199,12 @@ class Store(Protocol):
     answer's commit is), `channel_memo(name)` and `channel_memos(prefix)` (each name, value and
     when it was kept): JSON texts a channel keeps for the hub that delivers to it next (on
     another machine, another state).
-    Likewise `lapsed_sessions(now, limit=, offset=, agents=, after=)`, the running or waiting
-    sessions (of `agents` only, if given) whose TTL passed by `now`, by expiry then id, past
-    `after` (an expires_at and id: the sweep pages by it, so one recorded meanwhile shifts no
-    later one out) (both stores have it: a sweep then reads only those of its agents);
+    Likewise `lapsed_sessions(now, limit=, offset=, agents=, after=, ids=)`, the running or
+    waiting sessions (of `agents` only, and of `ids` only, if given) whose TTL passed by
+    `now`, by expiry then id, past `after` (an expires_at and id: the sweep pages by it, so
+    one recorded meanwhile shifts no later one out) (both stores have it: a sweep then reads
+    only those of its agents; a listing asks about its page's sessions, `ids`, and reads
+    every lapsed one of their agents where the method has no `ids`);
     `orphaned_children(agents, limit=, offset=, after=)`, the running or waiting sessions of
     `agents` still on the turn a parent (`parent_of`) delegated from a turn since ended or
     replaced, by id, past the id `after` (the sweep pages by it; one without `after` is paged

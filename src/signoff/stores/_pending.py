@@ -46,6 +46,9 @@ class PendingFilter:
     kind: str | None = None
     status: str | None = "pending"
     session_id: str | None = None
+    # Only requests of these sessions (ids; None: any session's): a runtime asks about many
+    # sessions at once so, in one query, not one each.
+    session_ids: tuple[str, ...] | None = None
     created_before: float | None = None
     created_after: float | None = None
     # Leave out requests of sessions whose TTL passed by then, and of subagents' delegated turns
@@ -96,8 +99,15 @@ class PendingFilter:
             condition, more = self.initiated_by.where(ph, "s")
             where.append(condition)
             params += more
+        # One parameter however many: a JSON array (SQLite), an array (PostgreSQL).
+        if self.session_ids is not None:
+            if ph == "?":
+                where.append("s.id IN (SELECT value FROM json_each(?))")
+                params.append(json.dumps(list(self.session_ids)))
+            else:
+                where.append(f"s.id = ANY({ph}::text[])")
+                params.append(list(self.session_ids))
         if self.excluded:
-            # One parameter however many: a JSON array (SQLite), an array (PostgreSQL).
             if ph == "?":
                 where.append("r.id NOT IN (SELECT value FROM json_each(?))")
                 params.append(json.dumps(list(self.excluded)))
@@ -148,6 +158,14 @@ class PendingFilter:
         ):
             raise UsageError(
                 f"PendingFilter(excluded=...) must be a tuple of request ids, not {self.excluded!r}"
+            )
+        ids = self.session_ids
+        if ids is not None and (
+            not isinstance(ids, tuple) or not all(isinstance(i, str) and is_utf8(i) for i in ids)
+        ):
+            raise UsageError(
+                "PendingFilter(session_ids=...) must be a tuple of session ids or None, "
+                f"not {ids!r}"
             )
         if self.after is not None and not _cursor(self.after):
             raise UsageError(

@@ -481,13 +481,16 @@ class Reads(AuditReads):
         offset: int = 0,
         agents: Sequence[str] | None = None,
         after: tuple[float, str] | None = None,
+        ids: Sequence[str] | None = None,
     ) -> list[SessionSummary | DamagedSession]:
-        """Running or waiting sessions (of `agents` only, if given) whose TTL passed by `now`,
-        soonest expired first (then by id), past `after` (a session's expires_at and id)."""
+        """Running or waiting sessions (of `agents` only, and of `ids` only, if given) whose
+        TTL passed by `now`, soonest expired first (then by id), past `after` (a session's
+        expires_at and id)."""
         s = self._s
-        if agents is not None and not agents:
+        if (agents is not None and not agents) or (ids is not None and not ids):
             return []
         only = "" if agents is None else "AND agent = ANY(%s) "
+        only += "" if ids is None else "AND id = ANY(%s) "
         past = ""
         if after is not None:
             past = 'AND expires_at >= %s AND (expires_at > %s OR id COLLATE "C" > %s) '
@@ -498,7 +501,14 @@ class Reads(AuditReads):
                 "SELECT id, agent, status, head, created_at, updated_at, expires_at "
                 f"FROM {s}.sessions WHERE status IN ('running', 'waiting') AND expires_at <= %s "
                 f'{only}{past}ORDER BY expires_at, id COLLATE "C" LIMIT %s OFFSET %s',
-                (now, *([] if agents is None else [list(agents)]), *cursor, limit, offset),
+                (
+                    now,
+                    *([] if agents is None else [list(agents)]),
+                    *([] if ids is None else [list(ids)]),
+                    *cursor,
+                    limit,
+                    offset,
+                ),
             )
             return [swept_summary(row) for row in await cur.fetchall()]
 

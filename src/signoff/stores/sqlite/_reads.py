@@ -5,6 +5,7 @@ total in a read transaction)."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from contextlib import closing
@@ -421,12 +422,15 @@ class Reads(AuditReads):
         offset: int = 0,
         agents: Sequence[str] | None = None,
         after: tuple[float, str] | None = None,
+        ids: Sequence[str] | None = None,
     ) -> list[SessionSummary | DamagedSession]:
-        """Running or waiting sessions (of `agents` only, if given) whose TTL passed by `now`,
-        soonest expired first (then by id), past `after` (a session's expires_at and id)."""
-        if agents is not None and not agents:
+        """Running or waiting sessions (of `agents` only, and of `ids` only, if given) whose
+        TTL passed by `now`, soonest expired first (then by id), past `after` (a session's
+        expires_at and id)."""
+        if (agents is not None and not agents) or (ids is not None and not ids):
             return []
         only = "" if agents is None else f"AND agent IN ({','.join('?' * len(agents))}) "
+        only += "" if ids is None else "AND id IN (SELECT value FROM json_each(?)) "
         past = "" if after is None else "AND expires_at >= ? AND (expires_at > ? OR id > ?) "
         sql = (
             "SELECT id, agent, status, head, created_at, updated_at, expires_at FROM sessions "
@@ -434,7 +438,8 @@ class Reads(AuditReads):
             "ORDER BY expires_at, id LIMIT ? OFFSET ?"
         )
         cursor = [] if after is None else [after[0], after[0], after[1]]
-        params = [now, *(agents or ()), *cursor, limit, offset]
+        listed = [] if ids is None else [json.dumps(list(ids))]
+        params = [now, *(agents or ()), *listed, *cursor, limit, offset]
         return [swept_summary(row) for row in self.conn.execute(sql, params)]
 
     @reading
