@@ -150,3 +150,35 @@ async def test_a_status_no_signoff_writes_is_store_damaged(store_url: str) -> No
             await rt.store.get_request(odd)
         every = [r.id for r in await rt.pending(PendingFilter(status=None))]
         assert every == [made[0].pending[0].id, made[2].pending[0].id]
+
+
+def _two_calls_agent() -> so.Agent:
+    """One reply asking for two approvals, in a session with a 30 s TTL."""
+
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        return f"refunded {order_id}"
+
+    steps = [call_tools(call("issue_refund", order_id="1"), call("issue_refund", order_id="2"))]
+    return scripted_agent(
+        "support", [*steps, reply("done")], tools=[issue_refund], limits=so.Limits(ttl=30)
+    )
+
+
+async def test_a_damaged_row_in_a_session_past_its_ttl_is_left_out_of_every_listing(
+    store_url: str,
+) -> None:
+    """The listings that read a TTL-lapsed session's open requests to record or show its
+    expiry (`_record_expiries`, `_lapsed_on`) read them with the store's own listing, which
+    a damaged row among them failed: the expired listing and that of every status raised."""
+    clock = ManualClock(T0)
+    async with so.Runtime([_two_calls_agent()], store=store_url, clock=clock) as rt:
+        bad, kept = (await rt.generate("support", prompt="orders 1 and 2")).pending
+    edit(store_url, "UPDATE {t}requests SET data = {p} WHERE id = {p}", b"garbage", bad.id)
+    clock.advance(40)  # the session's TTL passed, nothing recorded
+    async with so.Runtime([_two_calls_agent()], store=store_url, clock=clock) as rt:
+        every = {r.id: r.status for r in await rt.pending(PendingFilter(status=None))}
+        assert every == {kept.id: "expired"}
+        expired = await rt.pending(PendingFilter(status="expired"))
+        assert [r.id for r in expired] == [kept.id]
