@@ -598,3 +598,35 @@ async def test_sslmode_require_on_a_server_without_ssl_is_a_store_error(pg_store
     assert not isinstance(info.value, StoreUnavailable), info.value
     assert "SSL was required" in str(info.value)
     await store.close()
+
+
+async def test_an_open_whose_session_the_server_ends_waits_as_for_a_server_down(
+    pg_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server ending the open's session as it reads the schema version (a fast restart,
+    `pg_terminate_backend`: SQLSTATE 57P01) was a plain StoreError, so `signoff worker` and
+    `serve` (`open_when_up`) exited at start instead of waiting, though every later call rides
+    the same event out. It is `StoreUnavailable`: waited for, and opened once it answers."""
+    from signoff.cli._waiting import open_when_up
+    from signoff.stores.postgres._migrations import Migrations
+
+    read = Migrations._read_version
+    kills = [1]
+
+    async def ended_first(self: Migrations, conn: Any) -> int:
+        if kills:
+            kills.pop()
+            pid = conn.info.backend_pid
+            async with await psycopg.AsyncConnection.connect(pg_store_url, autocommit=True) as a:
+                await a.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        return await read(self, conn)
+
+    monkeypatch.setattr(Migrations, "_read_version", ended_first)
+    said: list[str] = []
+    rt = so.Runtime([], store=pg_store_url)
+    try:
+        assert await asyncio.wait_for(open_when_up(rt, asyncio.Event(), said.append), 30)
+        assert len(said) == 2 and "waiting for the store" in said[0], said
+        assert said[1] == "the store is up"
+    finally:
+        await rt.close()

@@ -48,6 +48,12 @@ _STARTING = ("the database system is",)
 (SQLSTATE 57P03, which a failed connection does not carry in psycopg)."""
 
 
+_ENDED = ("57P01", "57P02", "57P03")
+"""SQLSTATEs of a session the server ended: admin_shutdown (a fast restart,
+`pg_terminate_backend`), crash_shutdown, cannot_connect_now. A call on a pooled connection rides
+them out; an open that met one waits as for a server down (`signoff worker` and `serve`)."""
+
+
 _SETUP = (
     "SSL was required",
     "certificate",
@@ -76,12 +82,13 @@ def unreachable(exc: psycopg.Error) -> bool:
     """Whether a statement failed because the server is not there (a connection that was just
     made): the connection was lost, or a proxy in front of it (pgbouncer) accepted the login but
     answered that it cannot reach the server ("pgbouncer cannot connect to server", "server
-    login has been failing", SQLSTATE 08P01, of class 08: connection exceptions). Not a Bind
-    that does not fit its prepared statement (08P01 too): a proxy sharing the connection
-    (`_proxy.symptom`)."""
+    login has been failing", SQLSTATE 08P01, of class 08: connection exceptions), or the
+    server ended the session as it shuts down, restarts or recovers (`_ENDED`: a fast restart
+    or `pg_terminate_backend`). Not a Bind that does not fit its prepared statement (08P01
+    too): a proxy sharing the connection (`_proxy.symptom`)."""
     if not isinstance(exc, psycopg.OperationalError) or symptom(exc):
         return False
-    return exc.sqlstate is None or exc.sqlstate.startswith("08")
+    return exc.sqlstate is None or exc.sqlstate.startswith("08") or exc.sqlstate in _ENDED
 
 
 class Outage:
