@@ -315,7 +315,11 @@ def test_answer_a_question_by_option_or_text(url: str) -> None:
     assert refused_usage(both) == expected
     approve_question = invoke("approve", second.pending[0].id, "--store", url)
     assert approve_question.exit_code == 1
-    assert approve_question.stderr.startswith("error: InvalidAnswer: ")
+    # answered above: said so, not named the `answer` that would be refused in turn
+    assert approve_question.stderr == (
+        f"error: RequestClosed: request {second.pending[0].id} was already answered; "
+        "it takes no answers\n"
+    )
     assert "Traceback" not in approve_question.output
 
 

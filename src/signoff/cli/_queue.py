@@ -63,6 +63,7 @@ from ._loading import load_runtime, split_target
 from ._numbers import whole
 from ._store_files import existing_store, reading_store, refuse_unmade_schema
 from ._tables import cell, fit, print_table
+from ._unanswerable import unanswerable
 
 LIMIT = whole(1, 100_000)
 OFFSET = whole(0, 2**63 - 1)  # as `Runtime.pending` and `Runtime.sessions` take it
@@ -360,11 +361,12 @@ async def _settle(
         as_typed = [] if acting_as is None else ["--as", acting_as]
         wrong = _wrong_kind(command, request, answer, [*runs_on, *as_typed])
         # Told only to who may answer it: the runtime refuses anyone else, as for any answer.
+        # And only while it can be answered: else the command named would be refused in turn.
         if (
             wrong is not None
             and await refusal(runtime.agents, runtime.store, request, principal) is None
         ):
-            raise wrong
+            raise await unanswerable(runtime, stored) or wrong
         on = "".join(f" {shlex.quote(arg)}" for arg in on_store)
         hinted = answering(command, request, None if wrong is not None else answer, runs_on)
         if loaded is None and (
