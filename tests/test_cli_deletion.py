@@ -26,6 +26,7 @@ from signoff.testing import ManualClock, reply, scripted_agent
 from ._audit import alter
 from ._cli import ROOT, invoke, log, park, refused_usage, url
 from .test_cli_interrupts import _read_until, _wait_until_blocked
+from .test_deletion_expired_tree import nested_desks
 
 __all__ = ["url"]  # the fixture, used by name
 
@@ -255,3 +256,55 @@ def test_the_confirmation_takes_no_yes_holding_a_byte_not_utf8(
 
     assert not asyncio.run(ask())
     assert "answer y or n" in console.export_text()
+
+
+def _own_turn_waits(url: str) -> str:
+    """A finished session whose subagent's own turn (a message sent to it) waits on a person:
+    the session itself reads idle; its deletion is refused."""
+    agents = nested_desks("front")
+    with so.Runtime(agents, store=url) as rt:
+        desk = rt.generate_sync("desk", "ask:where is order 3?").session_id
+        [helper] = [s.id for s in rt.sessions_sync(agent="helper")]
+        assert rt.generate_sync(session_id=helper, prompt="refund 6").pending
+    return desk
+
+
+@pytest.mark.parametrize("made", ["waiting", "subagent-waiting"])
+def test_delete_says_it_is_refused_before_asking(
+    url: str, made: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It asked "Delete session ... for good?" about a session it then refused all the same
+    (`SessionWaiting`): a y was answered for nothing. Refused first now, nothing asked, nothing
+    changed."""
+    monkeypatch.setattr(_deletion, "_can_ask", lambda: True)
+    session_id = park(url)[0] if made == "waiting" else _own_turn_waits(url)
+    with so.Runtime([], store=url) as rt:
+        ids = [s.id for s in rt.sessions_sync()]
+    before = [log(url, s) for s in ids]
+    result = CliRunner().invoke(app, ["delete", session_id, "--store", url], input="y\n")
+    assert result.exit_code == 1, result.output
+    assert "Delete session" not in result.stdout, result.output
+    assert result.stderr.startswith(f"error: SessionWaiting: session {session_id!r} waits on ")
+    assert len(result.stderr.splitlines()) == 1
+    assert [log(url, s) for s in ids] == before
+    assert _deletions(url) == []
+
+
+def test_delete_asks_about_a_tree_its_passed_ttl_frees(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past its TTL, a session waiting (under it a subagent, waiting on a person) is deleted,
+    its expiry recorded first: asked about, not refused before the question; a no records
+    nothing."""
+    monkeypatch.setattr(_deletion, "_can_ask", lambda: True)
+    with so.Runtime(nested_desks("front"), store=url, clock=ManualClock(1_600_000_000)) as rt:
+        session_id = rt.generate_sync("front", "go").session_id
+        ids = [s.id for s in rt.sessions_sync()]
+    logs = [log(url, s) for s in ids]
+    kept = CliRunner().invoke(app, ["delete", session_id, "--store", url], input="n\n")
+    assert kept.exit_code == 1, kept.output
+    assert f"Delete session {session_id} (front, failed, " in kept.stdout
+    assert [log(url, s) for s in ids] == logs
+    gone = CliRunner().invoke(app, ["delete", session_id, "--store", url], input="y\n")
+    assert gone.exit_code == 0, gone.output
+    assert [e["session_id"] for e in _deletions(url)] == [session_id]

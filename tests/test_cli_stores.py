@@ -464,7 +464,7 @@ def test_a_postgresql_setting_libpq_refuses_is_refused_not_waited_for(
 
 ASKING = {
     # what the command is given, and what it says once `db upgrade` upgraded the store
-    "delete answered no": (["delete", "SESSION"], "Nothing deleted."),
+    "delete answered no": (["delete", "SESSION"], "SessionWaiting"),  # refused before asking
     "delete --force answered no": (["delete", "SESSION", "--force"], "Nothing deleted."),
     "delete --yes": (["delete", "SESSION", "--yes"], "SessionWaiting"),
     "delete an unknown id": (["delete", "ses_nope", "--yes"], "UnknownSession"),

@@ -19,6 +19,7 @@ from ._deadlines import expiry_resolves, expiry_specs
 from ._event_stream import EventStream
 from ._exceptions import (
     SessionBusy,
+    SessionError,
     SessionExpired,
     SessionWaiting,
     StoreDamaged,
@@ -306,19 +307,56 @@ class Deletion(EventStream):
             self._refused_drives.pop(sid, None)
         return ids
 
+    async def _deletion_refusal(
+        self, session_id: str, *, force: bool = False
+    ) -> SessionError | None:
+        """What `delete_session` (`force`: a forced one) would refuse the session with now,
+        found without deleting or recording anything: None if it would delete it, recording
+        first the passed TTLs that leave its open requests to no one (`_expired_now`), or if
+        the store cannot tell beforehand. `signoff delete` asks it before asking a person."""
+        check = getattr(self.store, "check_deletion", None)
+        if check is None:
+            return None
+        try:
+            await check(session_id, now=self.now(), force=force)
+        except SessionWaiting as waiting:
+            unfinished = getattr(waiting, "unfinished", None)
+            return (
+                None
+                if await self._freeing_expiries(session_id, waiting.held_by, unfinished)
+                else waiting
+            )
+        except (SessionBusy, SubagentSession, UnknownSession) as refused:
+            return refused
+        return None
+
     async def _expired_now(
         self,
         session_id: str,
         held_by: Sequence[str] = (),
         unfinished: Sequence[str] | None = None,
     ) -> list[str]:
-        """Record the passed TTLs that leave the open requests of the session's tree to no one,
-        as their agents record them: the session's, and that of each session above a request of
-        `held_by`'s whose own turn (a subagent's a message started, which its parent's expiry
-        leaves alone) is unfinished past its own TTL, each with the delegated turns it waits
-        on. The ids whose expiry it recorded; none (nothing recorded) if a request would stay
-        open, or a turn of `unfinished` (the store's `SessionWaiting.unfinished`: unfinished
-        before their TTL) go on, which would refuse the deletion all the same (`SessionBusy`)."""
+        """Record the passed TTLs that leave the open requests of the session's tree to no one
+        (`_freeing_expiries`), as their agents record them. The ids whose expiry it recorded; none
+        (nothing recorded) if the deletion would be refused all the same."""
+        ends = await self._freeing_expiries(session_id, held_by, unfinished)
+        for ended in ends.values():
+            await self._record_ends(ended)
+        return list(ends)
+
+    async def _freeing_expiries(
+        self,
+        session_id: str,
+        held_by: Sequence[str] = (),
+        unfinished: Sequence[str] | None = None,
+    ) -> dict[str, dict[str, SessionState]]:
+        """The passed TTLs that leave the open requests of the session's tree to no one, read
+        only, each with the turns recording it ends (`_finished_with`): the session's, and that
+        of each session above a request of `held_by`'s whose own turn (a subagent's a message
+        started, which its parent's expiry leaves alone) is unfinished past its own TTL, each
+        with the delegated turns it waits on. None (empty) if a request would stay open, or a
+        turn of `unfinished` (the store's `SessionWaiting.unfinished`: unfinished before their
+        TTL) go on, which would refuse the deletion all the same (`SessionBusy`)."""
         ends: dict[str, dict[str, SessionState]] = {}  # each expiring session: the turns it ends
         seen: set[str] = set()
         for holder in dict.fromkeys([session_id, *held_by]):
@@ -337,10 +375,8 @@ class Deletion(EventStream):
                     ends[state.id] = await self._finished_with(state)
         over = {sid for ended in ends.values() for sid in ended}  # the turns the expiries end
         if not ends or not over.issuperset(held_by) or not over.issuperset(unfinished or ()):
-            return []
-        for ended in ends.values():
-            await self._record_ends(ended)
-        return list(ends)
+            return {}
+        return ends
 
     async def _expiring(self, state: SessionState, top: str) -> bool:
         """Whether the session's TTL passed with its turn unfinished, and its expiry ends that

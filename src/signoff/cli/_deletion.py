@@ -159,6 +159,11 @@ async def _delete(
             # Damaged, as --force is for: said as it is, rather than read.
             about = f"damaged: {printable(str(exc))[:200]}"
         if not yes:
+            # Refused all the same (a turn running, or waiting on people, in it or under it):
+            # said now, not after the question; what changes since, the deletion refuses.
+            refused = await looking._deletion_refusal(session_id, force=force)
+            if refused is not None:
+                raise refused
             shown = (
                 f"Delete session {printable(session_id)} ({about}) and its subagents' "
                 "sessions, for good?"

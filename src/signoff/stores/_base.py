@@ -236,6 +236,9 @@ class Store(Protocol):
     is no such request), its data unread (both stores have it: the server decides whether a
     caller may see a request before reading it, so a foreign one's 404 costs what a missing
     one's does, however large its input).
+    `check_deletion(session_id, now=, force=)` raises what `delete_session` would refuse the
+    session with, deleting nothing (both stores have it: `signoff delete` then says so before
+    it asks whether to delete).
     A store whose `pending()` honours `PendingFilter.due_by` lists only the due requests."""
 
     url: str

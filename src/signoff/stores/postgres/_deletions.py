@@ -240,6 +240,12 @@ class Deletions(Connections):
                 return ids
         raise StoreError(f"deleting session {session_id!r}: its sessions kept changing")
 
+    async def check_deletion(self, session_id: str, *, now: float, force: bool = False) -> None:
+        """Raise what `delete_session` would refuse the session with at `now` (`force`: as a
+        forced one), as `_deletions.refuse` says, deleting nothing: a look before a person is
+        asked whether to delete it. A change since is refused by the deletion itself."""
+        await self._doomed(session_id, now, math.inf, force=force)
+
     async def _delete(
         self,
         session_id: str,

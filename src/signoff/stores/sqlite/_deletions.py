@@ -240,6 +240,13 @@ class Deletions(Connection):
         self._after(SESSION_DELETED)
         return ids
 
+    @reading
+    async def check_deletion(self, session_id: str, *, now: float, force: bool = False) -> None:
+        """Raise what `delete_session` would refuse the session with at `now` (`force`: as a
+        forced one), as `_deletions.refuse` says, deleting nothing: a look before a person is
+        asked whether to delete it. A change since is refused by the deletion itself."""
+        self._doomed(self.conn, session_id, now, force=force)
+
     @serialised
     async def flush(self) -> None:
         """Sync the write-ahead log to disk, as a `synchronous=FULL` commit does: deletions
