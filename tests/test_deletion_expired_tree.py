@@ -278,3 +278,45 @@ async def test_a_tree_a_live_turn_keeps_is_refused_before_a_subagents_expiry_is_
             assert await rt.prune(older_than=60, by=OPS) == []
         assert await _heads(rt, [front, desk, helper]) == before
         assert await rt.audit(stream=DELETIONS_STREAM) == []
+
+
+@pytest.mark.parametrize("agents", ["with-agent", "without"])
+async def test_an_expiry_the_store_fails_to_record_is_its_error_not_cancel_it_first(
+    store_url: str, agents: str
+) -> None:
+    """A session waiting past its TTL whose expiry's commits fail (a statement timeout): the
+    error was swallowed and the caller told `SessionWaiting` ("cancel it first"), though
+    nothing waits on people; it is the store's error, and a retry deletes it. (With its agent,
+    a record that failed once is tried again as a stand-in.)"""
+
+    @so.tool(approval=so.always())
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    solo = scripted_agent(
+        "solo",
+        [call_tools(call("refund", order_id="1")), reply("done")],
+        tools=[refund],
+        limits=so.Limits(ttl=5),
+    )
+    clock = ManualClock()
+    async with so.Runtime([solo], store=store_url, clock=clock) as rt:
+        sid = (await rt.generate("solo", prompt="refund 1")).session_id
+    clock.advance(10)  # its TTL passed, unrecorded
+    async with so.Runtime(
+        [solo] if agents == "with-agent" else [], store=store_url, clock=clock
+    ) as rt:
+        store: Any = rt.store
+        commit = store.commit
+
+        async def timed_out(*args: Any, **kw: Any) -> Any:
+            raise so.StoreError("canceling statement due to statement timeout (simulated)")
+
+        store.commit = timed_out
+        with pytest.raises(so.StoreError, match="statement timeout") as caught:
+            await rt.delete_session(sid)
+        assert not isinstance(caught.value, so.SessionWaiting)
+        assert await rt.prune(older_than=0) == []  # a prune skips it, for the next to try
+        store.commit = commit
+        assert await rt.delete_session(sid) == [sid]

@@ -4,7 +4,6 @@ sessions, in one transaction that also records who deleted it and why in the aud
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 from collections import deque
@@ -287,7 +286,7 @@ class Deletion(EventStream):
             # TTL comes to life no more: no `before` then (but while only a subagent's own turn
             # expired, the session itself may yet be touched).
             try:
-                expired = await self._expired_now(
+                expired, failed = await self._expired_now(
                     session_id, waiting.held_by, getattr(waiting, "unfinished", None)
                 )
             except STORE_FAILING:
@@ -299,9 +298,17 @@ class Deletion(EventStream):
             if not expired:
                 raise
             again = {} if before is None or session_id in expired else {"before": before}
-            ids = await delete(
-                session_id, now=self.now(), by=who, reason=reason, durable=durable, **again
-            )
+            try:
+                ids = await delete(
+                    session_id, now=self.now(), by=who, reason=reason, durable=durable, **again
+                )
+            except SessionWaiting:
+                if failed is None or damaged is not None:
+                    raise  # a prune's: skipped, tried again by the next prune
+                # Still waiting as the store failed to record an expiry: that failure is why,
+                # not people to cancel first (it said "cancel it first").
+                raise failed from None
+
         for sid in ids:
             self._cache.pop(sid, None)
             self._refused_drives.pop(sid, None)
@@ -335,14 +342,16 @@ class Deletion(EventStream):
         session_id: str,
         held_by: Sequence[str] = (),
         unfinished: Sequence[str] | None = None,
-    ) -> list[str]:
+    ) -> tuple[list[str], StoreError | None]:
         """Record the passed TTLs that leave the open requests of the session's tree to no one
-        (`_freeing_expiries`), as their agents record them. The ids whose expiry it recorded; none
-        (nothing recorded) if the deletion would be refused all the same."""
+        (`_freeing_expiries`), as their agents record them. The ids whose expiry it recorded;
+        none (nothing recorded) if the deletion would be refused all the same; and the first
+        store error a record met (another process may have recorded it meanwhile)."""
         ends = await self._freeing_expiries(session_id, held_by, unfinished)
+        failures: list[StoreError] = []
         for ended in ends.values():
-            await self._record_ends(ended)
-        return list(ends)
+            await self._record_ends(ended, failures)
+        return list(ends), failures[0] if failures else None
 
     async def _freeing_expiries(
         self,
@@ -392,26 +401,44 @@ class Deletion(EventStream):
             return True
         return state.id not in awaited(parent)
 
-    async def _record_ends(self, ended: dict[str, SessionState]) -> None:
+    async def _record_ends(
+        self, ended: dict[str, SessionState], failures: list[StoreError]
+    ) -> None:
         """Record the expiry of the first of `ended` (`_finished_with`'s), as its agent records
-        it: the delegated turns it waits on cancelled, then its own requests expired."""
+        it: the delegated turns it waits on cancelled, then its own requests expired. A store
+        error is noted in `failures`, not raised: another process may have recorded it."""
         top, *kids = ended.values()
         turn = top.turn
         assert turn is not None  # `_expiring`'s: an unfinished turn
         if top.agent in self.agents:  # its subagents' turns cancelled first, then its expiry
-            with contextlib.suppress(SessionExpired, StoreError):
+            try:
                 await self._checked(top.id)
+            except SessionExpired:
+                pass
+            except StoreError as exc:
+                failures.append(exc)
         # What that left (no agent of theirs here), or all of it for a runtime without the
         # agent (the CLI's on --store), in the same order: nothing drives these sessions,
         # deleted next.
         for kid in kids:
-            await self._end_delegated(kid)
-        if top.agent not in self.agents:
-            # Recorded as a stand-in, as a subagent's mirror closed is (`_append`).
-            with contextlib.suppress(StoreError):
+            await self._end_delegated(kid, failures)
+        if top.agent not in self.agents or await self._still_on(top.id, turn.id):
+            # Recorded as a stand-in, as a subagent's mirror closed is (`_append`); also where
+            # its agent's record did not take (`_record_expiry` passes a store's failure by).
+            try:
                 await self._append(top.id, _expiry(self.now), durable=True, turn_id=turn.id)
+            except StoreError as exc:
+                failures.append(exc)
 
-    async def _end_delegated(self, kid: SessionState) -> None:
+    async def _still_on(self, session_id: str, turn_id: str) -> bool:
+        """Whether the session's turn `turn_id` is still unfinished, read from the store."""
+        try:
+            now = (await self._state(session_id)).turn
+        except UnknownSession:
+            return False
+        return now is not None and now.id == turn_id and not turn_over(now)
+
+    async def _end_delegated(self, kid: SessionState, failures: list[StoreError]) -> None:
         """End the delegated turn of `kid` its parent's expiry ends, unless it ended already:
         cancelled (its own TTL passed: expired) by its agent if here, as `cancel_expired` does,
         else by a stand-in that only records it."""
@@ -435,8 +462,10 @@ class Deletion(EventStream):
             if kid.expired(self.now())
             else CancelBatch(turn.id, _PARENT_EXPIRED, None, [], expiry=True)
         )
-        with contextlib.suppress(StoreError):
+        try:
             await self._append(kid.id, build, durable=True, turn_id=turn.id)
+        except StoreError as exc:
+            failures.append(exc)
 
     async def _finished_with(self, state: SessionState) -> dict[str, SessionState]:
         """The sessions whose turns the expiry of `state` ends, it first: it, and the delegated
