@@ -444,3 +444,47 @@ async def test_a_call_lacking_the_childs_agent_waits_lease_wait_for_the_childs_w
         done = await asyncio.wait_for(p.generate(session_id=r.session_id), 10)
         assert (done.status, done.text) == ("completed", "parent saw: Refund done.")
     assert tree.ran == ["1042"] and tree.after.calls == 1
+
+
+async def test_a_child_ended_between_its_read_and_its_lease_probe_is_not_taken_for_undriven(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The parent's worker read the child's turn `running`, then probed its lease: the child's
+    worker ending the turn and giving its lease back between the two (1 run in 17 of the test
+    above on PostgreSQL under load) read as a runnable child no one drives, `UnknownAgent`, a
+    warning and the parent given back. The child is read again before that is concluded."""
+    tree = _SlowRefund()
+    async with so.Runtime([tree.parent, tree.child], store=store_url) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+    [mirror] = r.pending
+    assert mirror.child is not None
+    kid = mirror.child.session_id
+    direct = so.InputResponse(request_id=mirror.child.request_id, option_id="approve")
+    kw: dict[str, Any] = {"store": store_url, "lease_ttl": _SPLIT_TTL, "inline": False}
+    async with so.Runtime([tree.parent], **kw) as p, so.Runtime([tree.child], **kw) as b:
+        busy = p._busy
+        probed: list[str] = []
+
+        async def child_ends_first(session_id: str, *args: Any, **kw: Any) -> bool:
+            if session_id == kid and not probed:
+                probed.append(session_id)
+                tree.release.set()  # the child's worker ends its turn and gives its lease back
+                await until(lambda: is_(b, kid, "completed"))
+                await until(lambda: _free(b, kid))
+            return await busy(session_id, *args, **kw)
+
+        p._busy = child_ends_first  # type: ignore[method-assign]
+        await b.respond(kid, [direct], principal=ALICE)
+        with caplog.at_level(logging.INFO, logger="signoff.worker"):
+            async with working(b):
+                await asyncio.wait_for(tree.entered.wait(), 10)
+                async with working(p):
+                    await until(lambda: is_(p, r.session_id, "completed"), _SPLIT_TTL / 3)
+    assert probed
+    assert _worker_lines(caplog, logging.WARNING) == []
+
+
+async def _free(rt: so.Runtime, session_id: str) -> bool:
+    """Whether no drive holds the session's lease (`rt` gave it back)."""
+    store: Any = rt.store
+    return session_id not in rt._holders and not await store.lease_held(session_id, rt.now())

@@ -240,6 +240,13 @@ class RuntimeHost:
             if turn is not None and not (turn.status in ("running", "waiting") and runnable(state)):
                 return await self._delegated_turn(child) or rt._result(state)
             if turn is None or not await rt._busy(child):
+                # Read again: the drive that held it may have ended its turn since the read.
+                state = await rt._state(child)
+                turn = state.turn
+                if turn is not None and not (
+                    turn.status in ("running", "waiting") and runnable(state)
+                ):
+                    return await self._delegated_turn(child) or rt._result(state)
                 rt.agent(state.agent)  # raises
             if not rt._in_worker_drive() and time.monotonic() >= deadline:
                 raise ChildHeld(f"the subagent's session {child!r} is driven elsewhere")
