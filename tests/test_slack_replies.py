@@ -14,6 +14,7 @@ from typing import Any
 import signoff as so
 from signoff.channels import ChannelHub
 from signoff.channels._base import QUEUED_NOTE
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
 from ._slack import (
     ALICE,
@@ -274,3 +275,53 @@ async def test_a_reply_from_someone_the_waiting_turn_does_not_serve_is_told_it_w
             }
         ]
         assert log == []
+
+
+async def test_a_typed_approve_after_a_parents_ttl_passed_is_refused_not_sent(
+    tmp_path: Path, fake: FakeSlack
+) -> None:
+    """A typed "approve" in the thread of a subagent's request once its parent's TTL passed:
+    the read of its session recorded that (the request withdrawn), no request was open, and the
+    reply went to the subagent as a message, a new turn of it (its model ran). As a press of
+    Approve is, the person is told it can no longer be answered, and nothing is sent."""
+
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    child = scripted_agent(
+        "support",
+        [call_tools(call("issue_refund", order_id="1042")), reply("Done."), reply("Again.")],
+        tools=[issue_refund],
+    )
+    parent = scripted_agent(
+        "desk",
+        [call_tools(call("support", call_id="d1", message="Go on")), reply("Done.")],
+        tools=[so.delegate("support")],
+        limits=so.Limits(ttl=60),
+    )
+    clock = ManualClock()
+    async with so.Runtime(
+        [parent, child], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock
+    ) as rt:
+        (mirror,) = (await rt.generate("desk", prompt="Handle it")).pending
+        assert mirror.child is not None
+        rid, sid = mirror.child.request_id, mirror.child.session_id
+        slack = channel(fake)
+        async with manual(ChannelHub(rt, [slack], clock=clock)) as hub:
+            await hub.poll()
+            assert len(fake.of("chat.postMessage")) == 1  # the subagent's request
+            clock.advance(61)
+            assert await deliver(slack, event("approve")) is None
+            await hub.poll()
+        stored = await rt.store.get_request(rid)
+        assert stored is not None and stored.status == "withdrawn"
+        state = await rt.state(sid)
+        assert state.turn is not None and state.turn.text != "Done."  # no new turn ran
+        assert [e.type for e in await events_of(rt, sid)].count("turn.started") == 1
+    (note,) = fake.of("chat.postEphemeral")
+    assert note["text"] == (
+        f"This request can no longer be answered: request {rid} is withdrawn (cancelled); it "
+        "takes no answers. Your reply was not sent."
+    )

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..._answers import match
+from ..._answers import closed_text, match
 from ..._exceptions import SignoffError, StoreError
 from ..._messages import first_open
 from ..._results import Outcome
@@ -32,6 +32,8 @@ from ._payloads import SlackPayloadError, check_ids, envelope_of, member_of
 from ._speakers import policy_refuses
 
 if TYPE_CHECKING:
+    from ..._types import InputRequest
+    from ...stores import StoredRequest
     from ._channel import SlackChannel
 
 __all__ = [
@@ -331,6 +333,8 @@ class ThreadReplies:
             await ch._tell(where, f"Your reply {sent}: {str(exc).rstrip('.')}.")
             return
         state = await rt.state(stored.request.session_id)
+        if await self._closed_by_read(stored, state.pending_requests(), reply.text, where):
+            return
         first = first_open(state.pending_requests())
         serves = None if state.turn is None else state.turn.principal
         same_person = serves is None or principal.same_as(serves)
@@ -370,6 +374,29 @@ class ThreadReplies:
                 await ch._tell(where, note)
         if result.queued:  # else they would think the agent read it in the turn now running
             await ch._tell(where, QUEUED_NOTE)
+
+    async def _closed_by_read(
+        self, stored: StoredRequest, pending: list[InputRequest], text: str, where: dict[str, str]
+    ) -> bool:
+        """Whether a reply answering the thread's request was refused, its author told why: open
+        when read, and closed by the read of its session (its TTL, or one above it, passed: the
+        request expired or withdrawn), as a press of its button is told. Else it would reach
+        the session as a message, a new turn of a subagent whose parent is gone."""
+        request = stored.request
+        if stored.status != "pending" or any(p.id == request.id for p in pending):
+            return False
+        if match(request, text) is None:
+            return False
+        now = await self.channel.runtime.store.get_request(request.id)
+        if now is None or now.status == "pending":
+            return False
+        outcome = (now.resolution or {}).get("outcome")
+        on_timeout = (now.resolution or {}).get("on_timeout")
+        closed = closed_text(now.request, now.status, outcome, on_timeout)
+        await self.channel._tell(
+            where, f"This request can no longer be answered: {closed}. Your reply was not sent."
+        )
+        return True
 
 
 def _plain(text: str, bots: set[Any]) -> str:
