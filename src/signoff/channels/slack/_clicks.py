@@ -30,6 +30,7 @@ from ..._exceptions import (
     NotAllowed,
     SessionExpired,
     SignoffError,
+    StoreDamaged,
     StoreError,
     UnknownAgent,
     UnknownSession,
@@ -53,7 +54,7 @@ from ._blocks import (
     text_view,
 )
 from ._identity import SlackUserUnknown
-from ._inbox import Inbox
+from ._inbox import Inbox, damaged_note
 from ._payloads import (
     SlackPayloadError,
     api_error,
@@ -133,10 +134,17 @@ class Clicks:
     # -- acting -------------------------------------------------------------------------------
 
     async def _act(self, click: Interaction, again: bool) -> None:
-        if click.does == ANSWER:
-            await self._settle(click, again)
-        else:
-            await self._open_form(click, again)
+        """Settle the request or open its form; a request whose stored row is damaged (it
+        reads the same every time) is told of and let out, for the inbox to log once."""
+        try:
+            if click.does == ANSWER:
+                await self._settle(click, again)
+            else:
+                await self._open_form(click, again)
+        except StoreDamaged:
+            where = {"channel": click.channel, "user": click.user}
+            await self.channel._tell(where, damaged_note(click.request_id))
+            raise
 
     async def _settle(self, click: Interaction, again: bool) -> None:
         """Answer the request as the person who acted and tell them what only they need to

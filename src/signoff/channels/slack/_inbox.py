@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from ..._exceptions import SignoffError, StoreError
+from ..._exceptions import SignoffError, StoreDamaged, StoreError
 from .._base import logger, off_loop, waiting_until
 from .._shared import Shared
 
@@ -50,6 +50,7 @@ __all__ = [
     "RESUME_AFTER",
     "RETRY_WINDOW",
     "Inbox",
+    "damaged_note",
     "seconds",
 ]
 
@@ -341,6 +342,8 @@ class Inbox(Generic[T]):
                 return
             try:
                 await self.run(work, tries > 1)
+            except StoreDamaged as exc:  # it reads the same every time: not tried again
+                logger.error("slack: the %s %s cannot be done: %s", self.what, work_id, exc)
             except (StoreError, OSError):
                 if tries < TRIES:
                     logger.warning(
@@ -391,6 +394,15 @@ class Inbox(Generic[T]):
         tries = int(memo.get("tries") or 0) + 1
         ch.remember(key, {**memo, "tries": tries, "by": ch.owner()})
         return tries, memo.get("shared") is True, self._names(memo)
+
+
+def damaged_note(request_id: str) -> str:
+    """What a person is told whose click or reply reached a request whose stored row cannot be
+    read (`StoreDamaged`): nothing was taken, and trying again does not help."""
+    return (
+        f"Request {request_id} cannot be read from the store (its stored data is damaged): "
+        "nothing was taken, and trying again here does not help."
+    )
 
 
 def seconds(value: Any) -> float:

@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..._answers import closed_text, match
-from ..._exceptions import SignoffError, StoreError
+from ..._exceptions import SignoffError, StoreDamaged, StoreError
 from ..._messages import first_open
 from ..._results import Outcome
 from ..._text import is_blank
 from .._base import QUEUED_NOTE, logger, not_accepted, off_loop, waiting_until
 from ._identity import SlackUserUnknown
-from ._inbox import RESUME_AFTER, RETRY_WINDOW, Inbox, seconds
+from ._inbox import RESUME_AFTER, RETRY_WINDOW, Inbox, damaged_note, seconds
 from ._payloads import SlackPayloadError, check_ids, envelope_of, member_of
 from ._speakers import policy_refuses
 
@@ -114,7 +114,7 @@ class ThreadReplies:
 
     def __init__(self, channel: SlackChannel) -> None:
         self.channel = channel
-        self.inbox = Inbox(channel, "event:", TypedReply, self._send, "reply of event")
+        self.inbox = Inbox(channel, "event:", TypedReply, self._sent, "reply of event")
 
     async def handle(self, body: bytes, headers: Mapping[str, str]) -> dict[str, Any] | None:
         """Verify and take one Events API request; the JSON to answer with (None: empty 200).
@@ -312,6 +312,16 @@ class ThreadReplies:
                     await shared.keep({key: memo})
         except SignoffError as exc:
             logger.warning("slack: the threads kept in the store were not tidied: %s", exc)
+
+    async def _sent(self, reply: TypedReply, again: bool) -> None:
+        """`_send`; a request whose stored row is damaged (it reads the same every time) is
+        told of and let out, for the inbox to log once."""
+        try:
+            await self._send(reply, again)
+        except StoreDamaged:
+            where = {"channel": reply.channel, "user": reply.user, "thread_ts": reply.thread}
+            await self.channel._tell(where, damaged_note(reply.request_id))
+            raise
 
     async def _send(self, reply: TypedReply, again: bool) -> None:
         """Deliver a reply to its request's session as its author, if they may answer (once:
