@@ -17,11 +17,11 @@ import pytest
 import signoff as so
 from signoff.channels import ChannelHub
 from signoff.channels.slack import SlackChannel, slack_principal
-from signoff.testing import call, call_tools, reply, scripted_agent
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
-from ._slack import ALICE, APPROVERS, TEAM, FakeSlack, channel, click, manual, sign, slack_api
+from ._slack import ALICE, APPROVERS, TEAM, FakeSlack, channel, click, fake, manual, sign, slack_api
 
-__all__ = ["slack_api"]  # the fixture, used by name
+__all__ = ["fake", "slack_api"]  # the fixtures, used by name
 
 DECIDER = "U078JK9LM"  # on the allow list, approves from elsewhere
 LATE = "U045EF6GH"  # on the allow list, clicks the stale message
@@ -126,3 +126,51 @@ async def test_a_click_that_beats_the_hubs_poll_leaves_the_update_to_the_hub(
             (update,) = slack_api.of("chat.update")
             assert update["blocks"][-1]["block_id"] == "signoff.resolution"
         assert log == ["1042"]
+
+
+@pytest.mark.parametrize("lapsed", ["own", "parent"])
+async def test_a_request_whose_ttl_passed_before_the_hub_read_it_is_not_posted(
+    tmp_path: Path, fake: FakeSlack, lapsed: str
+) -> None:
+    """A request opened while the hub was down (its position saved), its session's TTL (or its
+    parent's, for a subagent's request) passing before the hub is back: the hub read its
+    opening entry and, its row still pending (nothing recorded the expiry), posted it with
+    Approve and Deny, which could only be refused. As the start's listing leaves it out, it is
+    not posted."""
+
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    ttl = so.Limits(ttl=60)
+    child = scripted_agent(
+        "support",
+        [call_tools(call("issue_refund", order_id="1042")), reply("Done.")],
+        tools=[issue_refund],
+        limits=ttl if lapsed == "own" else None,
+    )
+    parent = scripted_agent(
+        "desk",
+        [call_tools(call("support", call_id="d1", message="Go on")), reply("Done.")],
+        tools=[so.delegate("support")],
+        limits=ttl,
+    )
+    clock = ManualClock()
+    store = f"sqlite:///{tmp_path / 's.db'}"
+    async with so.Runtime([parent, child], store=store, clock=clock) as rt:
+        state = tmp_path / "hub.db"
+        async with manual(ChannelHub(rt, [channel(fake)], state=state, clock=clock)) as hub:
+            await hub.poll()  # its position saved
+        if lapsed == "own":
+            (req,) = (await rt.generate("support", prompt="Refund 1042")).pending
+            rid = req.id
+        else:
+            (mirror,) = (await rt.generate("desk", prompt="Handle it")).pending
+            assert mirror.child is not None
+            rid = mirror.child.request_id
+        clock.advance(61)
+        async with manual(ChannelHub(rt, [channel(fake)], state=state, clock=clock)) as hub:
+            await hub.poll()
+            await hub.poll()
+    assert fake.of("chat.postMessage") == [], rid

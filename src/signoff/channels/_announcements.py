@@ -22,13 +22,13 @@ import pydantic
 
 from .._exceptions import StoreDamaged
 from .._types import InputRequest
-from ..stores import Store, StoredRequest
+from ..stores import PendingFilter, Store, StoredRequest
 from ..stores._audit import AuditEntry
 from ..stores._deletions import DELETIONS_STREAM, SESSION_DELETED
 from ._base import Channel, Erased, Escalation, RateLimited, Resolution, logger
 from ._stray_cancels import stray_cancels
 
-__all__ = ["Damaged", "announce", "passed"]
+__all__ = ["Damaged", "announce", "lapsed", "passed"]
 
 T = TypeVar("T")
 
@@ -157,6 +157,8 @@ async def _requested(
                 continue
             if stored is not None and stored.status != "pending":
                 continue  # it closed before we read it: nothing left to answer
+            if await lapsed(store, request, ch.runtime.now()):
+                continue  # its session's TTL passed (or one's above it): it takes no answer
             if stored is not None:
                 # As it stands now: the votes counted and an escalation recorded since (an
                 # entry given up on and delivered again, or read late) were told to no message.
@@ -176,6 +178,14 @@ async def _requested(
         raise failure
     if damage:
         raise Damaged("; ".join(damage))
+
+
+async def lapsed(store: Store, request: InputRequest, now: float) -> bool:
+    """Whether the session of open `request`, or one above it, passed its TTL by `now`: it
+    takes no answer though nothing may have recorded that yet, so a channel of open requests
+    does not show it, as the listing a hub starts with leaves it out (`live_at`)."""
+    live = PendingFilter(session_id=request.session_id, live_at=now, limit=1)
+    return not await store.count_pending(live)
 
 
 async def _stored(store: Store, entry: AuditEntry) -> StoredRequest | None:

@@ -282,7 +282,8 @@ class Channel:
 
     Override the `on_*` hooks you need. `accepts` (a predicate, e.g. on `request.agent`) picks
     the requests this channel shows. A channel that shows `live_only` requests is not told about
-    a request that closed before the hub read its opening (a catching-up hub skips them).
+    a request that closed before the hub read its opening (a catching-up hub skips them), nor
+    about one whose session's TTL, or one's above it, passed by then (it takes no answer).
     """
 
     name: str = "channel"

@@ -1,6 +1,7 @@
 """`Backlog`: the requests open when the hub started (every open one at a first start) that the
 Slack channel posts at the start and its ticks, as they stand then, rather than as the trail's
-entries read past its position.
+entries read past its position: one closed meanwhile, or whose session's TTL (or one's above
+it) passed, is not posted.
 
 A post Slack rate-limits (or that cannot reach the channel) waits its Retry-After. One that
 fails otherwise goes behind the others, which go on a second later, the wait doubling while
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from ..._types import InputRequest
 from .. import _given_up as given_up
+from .._announcements import lapsed
 from .._base import ChannelUnreachable, RateLimited, logger
 
 if TYPE_CHECKING:
@@ -47,8 +49,13 @@ class Backlog:
         while self.requests and time.monotonic() >= self.at:
             request = self.requests[0]
             try:
-                stored = await self.channel.runtime.store.get_request(request.id)
-                if stored is not None and stored.status == "pending":
+                rt = self.channel.runtime
+                stored = await rt.store.get_request(request.id)
+                if (
+                    stored is not None
+                    and stored.status == "pending"
+                    and not await lapsed(rt.store, stored.request, rt.now())
+                ):
                     await self.channel.on_requested(stored.request)
             except RateLimited as exc:
                 wait = min(max(0.0, exc.retry_after), 3600.0)
