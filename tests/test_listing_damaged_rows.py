@@ -8,6 +8,7 @@ Both stores where the fixtures allow (`store_url`)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from collections.abc import AsyncIterator
@@ -16,8 +17,10 @@ from typing import Any
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
 import signoff as so
+from signoff.cli import app as cli_app
 from signoff.server import create_app
 from signoff.stores import PendingFilter
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
@@ -182,3 +185,27 @@ async def test_a_damaged_row_in_a_session_past_its_ttl_is_left_out_of_every_list
         assert every == {kept.id: "expired"}
         expired = await rt.pending(PendingFilter(status="expired"))
         assert [r.id for r in expired] == [kept.id]
+
+
+async def test_a_damaged_row_past_its_deadline_is_left_out_of_the_servers_queue(
+    store_url: str,
+) -> None:
+    """The server's queue reads the requests past a deadline (to record them, and to leave out
+    those it cannot record) with the store's own listing: a damaged row among them, which can
+    never be recorded, answered 503 to `GET /v1/requests`, the dashboard's queue and `signoff
+    pending` for as long as it stayed damaged."""
+    made = await three_parked(store_url)
+    bad = made[0].pending[0]
+    edit(store_url, "UPDATE {t}requests SET data = {p} WHERE id = {p}", b"garbage", bad.id)
+    clock = ManualClock(T0 + 120)  # every deadline passed, none recorded
+    async with so.Runtime([gated_agent()], store=store_url, clock=clock) as rt:
+        async with served(rt) as c:
+            for page in ("/v1/requests", "/_signoff/", "/_signoff/fragments/queue"):
+                r = await c.get(page)
+                assert r.status_code == 200, (page, r.text[:300])
+            assert (await c.get("/v1/requests")).json()["items"] == []
+        assert await rt.pending() == []
+    args = ["pending", "--store", store_url]
+    result = await asyncio.to_thread(CliRunner().invoke, cli_app, args)
+    assert result.exit_code == 0, result.output
+    assert bad.id not in result.output

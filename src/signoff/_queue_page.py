@@ -29,6 +29,7 @@ __all__ = [
     "keyed_page",
     "passing_page",
     "queue_page",
+    "readable_pending",
     "record_closed",
 ]
 
@@ -43,7 +44,7 @@ _DUE_PAGE = 500  # open requests past their deadline read at a time (`record_clo
 
 async def queue_page(rt: Workers, flt: PendingFilter) -> tuple[list[InputRequest], bool]:
     """The page `Runtime.pending_page` shows, and whether the store may hold more past it."""
-    shown, _, (listed, _) = await _page(rt, flt, partial(_uncounted, rt.store), None)
+    shown, _, (listed, _) = await _page(rt, flt, partial(readable_pending, rt.store), None)
     return shown, listed >= flt.limit
 
 
@@ -55,7 +56,7 @@ async def keyed_page(
     the next page when one on this page or an earlier one closes before that page is read.
     `passing` (a logger, and what is left undone), for a reader in the background (a hub's
     start): a request that cannot be read is logged and left out (`passing_page`)."""
-    read = partial(_uncounted, rt.store)
+    read = partial(readable_pending, rt.store)
     if passing is not None:
         read = partial(passing_page, rt.store, log=passing[0], what=passing[1])
     # A chunk of a longer read (the server's scan under an app's own rule, a hub's start), not
@@ -164,18 +165,18 @@ async def _counted(
     store: Store, flt: PendingFilter
 ) -> tuple[list[InputRequest], tuple[Listed, int]]:
     """`counted_listing`, and what its page listed: a row that does not read back is left out
-    (`_uncounted`), and counted in the total, which is then read by itself."""
+    (`readable_pending`), and counted in the total, which is then read by itself."""
     try:
         page, total = await counted_listing(store, flt)
     except STORE_FAILING:
         raise
     except StoreDamaged:
-        passed, listed = await _uncounted(store, flt)
+        passed, listed = await readable_pending(store, flt)
         return passed, (listed, await store.count_pending(flt))
     return page, ((len(page), cursor_past(page[-1], flt.after) if page else None), total)
 
 
-async def _uncounted(store: Store, flt: PendingFilter) -> tuple[list[InputRequest], Listed]:
+async def readable_pending(store: Store, flt: PendingFilter) -> tuple[list[InputRequest], Listed]:
     """`store.pending(flt)` for a listing people read: a row that does not read back
     (`StoreDamaged`: a hand edit, a half-restored copy) is logged and left out, so one damaged
     session does not fail every caller's queue; it keeps its place among those listed, so a
@@ -240,7 +241,7 @@ async def record_closed(rt: Workers, flt: PendingFilter, now: float) -> list[str
         open_flt = replace(
             flt, status="pending", due_by=now, excluded=(), limit=_DUE_PAGE, offset=0, after=after
         )
-        page, (listed, last) = await _uncounted(rt.store, open_flt)
+        page, (listed, last) = await readable_pending(rt.store, open_flt)
         due += [r for r in first_seen(page, seen) if r.agent in rt.agents and is_due(r, now)]
         if listed < _DUE_PAGE or last is None:
             break
@@ -333,7 +334,7 @@ async def _listed(store: Store, flt: PendingFilter) -> AsyncGenerator[list[Input
     after = None
     seen: set[str] = set()  # a request listed again past a deleted one's cursor
     while True:
-        page, (listed, last) = await _uncounted(
+        page, (listed, last) = await readable_pending(
             store, replace(flt, limit=_DUE_PAGE, offset=0, after=after)
         )
         yield first_seen(page, seen)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import shlex
 import time
@@ -25,7 +26,7 @@ from .._exceptions import (
     UnknownSession,
     UsageError,
 )
-from .._queue_page import counted_page
+from .._queue_page import counted_page, readable_pending
 from .._runtime import Runtime
 from .._session_page import session_page, shown_total
 from .._text import HIDDEN, escape_as_json
@@ -121,7 +122,8 @@ def pending(
                 limit=limit,
                 offset=offset,
             )
-            hidden = await unlisted(runtime.store, flt, now)
+            read = functools.partial(readable_pending, runtime.store)  # a damaged row left out
+            hidden = await unlisted(runtime.store, flt, now, read)
             flt = dataclasses.replace(flt, excluded=tuple(hidden))
             requests, more, counted = await counted_page(runtime, flt)  # of one snapshot
             # At least those up to the page's end; a page short of the limit ends the listing.

@@ -6,6 +6,7 @@ import logging
 import math
 from collections.abc import Collection
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import cast
 
 from starlette.requests import HTTPConnection
@@ -14,7 +15,7 @@ from .._deadlines import is_due, summary_after_expiry
 from .._events import Event
 from .._exceptions import StoreDamaged, StoreError, StoreGone, UnknownRequest, UnknownSession
 from .._mirrors import followed_state
-from .._queue_page import counted_page, keyed_page, record_closed
+from .._queue_page import counted_page, keyed_page, readable_pending, record_closed
 from .._request_session import session_of
 from .._runtime import Runtime
 from .._session_page import counted_sessions, freed_sessions, passing_sessions
@@ -421,10 +422,11 @@ class ServerContext(OpenRequests, Callers):
         if record:
             # As many as the page could show, as before: each one may drive a turn.
             size = min(flt.limit, REQUEST_CHUNK)
-            due = await store.pending(replace(flt, due_by=now, limit=size, offset=0))
+            due, _ = await readable_pending(store, replace(flt, due_by=now, limit=size, offset=0))
             if due:
                 await self.runtime._apply_deadlines(due, listing=True)
-        hidden = await unlisted(store, flt, now)
+        # A row that does not read back is left out, as the listing around it leaves it.
+        hidden = await unlisted(store, flt, now, partial(readable_pending, store))
         return replace(flt, excluded=tuple(hidden)) if hidden else flt
 
     def _default_access(self) -> bool:
