@@ -17,19 +17,22 @@ from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 from .test_deletion import ALICE, OPS
 
 
+@so.tool(approval=so.always())
+async def refund(order_id: str) -> str:
+    """Refund an order."""
+    return "refunded"
+
+
+def asked(conversation: list[Any]) -> str | None:
+    """The user message the conversation ends with, if it does."""
+    last = conversation[-1]
+    return last.text if isinstance(last, so.UserMessage) else None
+
+
 def nested_desks(ttl_of: str) -> list[so.Agent]:
     """`front` delegates to `desk` (asking it `ask:refund 4`), `desk` asks `helper` what
     follows `ask:` and refunds itself when asked to, `helper` refunds when asked to and
     answers otherwise; each refund asks for approval. `ttl_of`'s sessions live 60 s."""
-
-    @so.tool(approval=so.always())
-    async def refund(order_id: str) -> str:
-        """Refund an order."""
-        return "refunded"
-
-    def asked(conversation: list[Any]) -> str | None:
-        last = conversation[-1]
-        return last.text if isinstance(last, so.UserMessage) else None
 
     def front(conversation: list[Any]) -> so.ModelResponse:
         if asked(conversation) is None:
@@ -186,15 +189,6 @@ def _own_delegation() -> list[so.Agent]:
     """`top` asks `mid` a question (`mid` answers); `mid` (TTL 60 s), told `go`, delegates to
     `low`, which asks for a refund's approval."""
 
-    @so.tool(approval=so.always())
-    async def refund(order_id: str) -> str:
-        """Refund an order."""
-        return "refunded"
-
-    def asked(conversation: list[Any]) -> str | None:
-        last = conversation[-1]
-        return last.text if isinstance(last, so.UserMessage) else None
-
     def top(conversation: list[Any]) -> so.ModelResponse:
         return call_tools(call("mid", message="hi")) if asked(conversation) else reply("done")
 
@@ -288,11 +282,6 @@ async def test_an_expiry_the_store_fails_to_record_is_its_error_not_cancel_it_fi
     error was swallowed and the caller told `SessionWaiting` ("cancel it first"), though
     nothing waits on people; it is the store's error, and a retry deletes it. (With its agent,
     a record that failed once is tried again as a stand-in.)"""
-
-    @so.tool(approval=so.always())
-    async def refund(order_id: str) -> str:
-        """Refund an order."""
-        return "refunded"
 
     solo = scripted_agent(
         "solo",
