@@ -27,6 +27,7 @@ __all__ = [
     "browser",
     "close_browser",
     "csp_violations",
+    "clocked",
     "expiring",
     "page",
     "session",
@@ -166,11 +167,20 @@ def settled(p: Page, rid: str) -> None:
 def expiring(browser: Browser, tmp_path: Path) -> Iterator[tuple[Page, ManualClock, str]]:
     """A page signed in to a dashboard whose agent `desk` parks sessions that expire 60 s after
     their last event, by a clock the test moves; no sweep, so only reads record an expiry."""
+    with clocked(browser, ttl_agent(), tmp_path / "ttl.db", sweep_every=None) as served:
+        yield served
+
+
+@contextmanager
+def clocked(
+    browser: Browser, agent: so.Agent, path: Path, *, sweep_every: float | None
+) -> Iterator[tuple[Page, ManualClock, str]]:
+    """A page signed in as alice to a dashboard of `agent` (its store at `path`) on a clock the
+    test moves, the server sweeping every `sweep_every` seconds (None: never); the clock, and
+    the server's url."""
     clock = ManualClock()
-    runtime = so.Runtime(
-        [ttl_agent()], store=f"sqlite:///{tmp_path}/ttl.db", clock=clock, poll_interval=0.05
-    )
-    with running(create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)) as url:
+    runtime = so.Runtime([agent], store=f"sqlite:///{path}", clock=clock, poll_interval=0.05)
+    with running(create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=sweep_every)) as url:
         context = browser.new_context(base_url=url)
         p = context.new_page()
         p.set_default_timeout(10_000)

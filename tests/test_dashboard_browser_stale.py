@@ -14,11 +14,10 @@ import httpx
 from playwright.sync_api import Browser, Page, expect
 
 import signoff as so
-from signoff.server import TokenAuth, create_app
 from signoff.testing import ManualClock
 
-from ._dashboard_browser import answer, base, browser, page, start
-from .test_server_common import PLAIN, TOKENS, auth, running
+from ._dashboard_browser import answer, base, browser, clocked, page, start
+from .test_server_common import PLAIN, auth
 
 __all__ = ["base", "browser", "page"]  # the fixtures, used by name
 
@@ -46,22 +45,8 @@ def _escalating() -> so.Agent:
 def _swept(browser: Browser, tmp_path: Path) -> Iterator[tuple[Page, ManualClock, str]]:
     """A page signed in as alice to a dashboard whose deadlines pass by a clock the test moves,
     recorded by the server's sweep as they pass."""
-    clock = ManualClock()
-    runtime = so.Runtime(
-        [_escalating()], store=f"sqlite:///{tmp_path}/s.db", clock=clock, poll_interval=0.05
-    )
-    with running(create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=0.2)) as url:
-        context = browser.new_context(base_url=url)
-        p = context.new_page()
-        p.set_default_timeout(10_000)
-        p.goto("/_signoff/login")
-        p.fill("input[name=token]", "alice-token")
-        p.click("button[type=submit]")
-        expect(p.locator("h1")).to_have_text("Approval queue")
-        try:
-            yield p, clock, url
-        finally:
-            context.close()
+    with clocked(browser, _escalating(), tmp_path / "s.db", sweep_every=0.2) as served:
+        yield served
 
 
 def test_a_card_escalated_while_its_page_is_open_shows_it(browser: Browser, tmp_path: Path) -> None:

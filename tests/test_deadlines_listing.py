@@ -9,6 +9,7 @@ import contextlib
 import inspect
 import logging
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -241,18 +242,7 @@ async def test_the_http_listing_of_expired_requests_holds_a_passed_deadline(
     clock = ManualClock()
     sid, rid = await _lapsed_request(store_url, clock)
     runtime = so.Runtime([_payer()], store=store_url, clock=clock)
-    extra: dict[str, Any] = {}
-    if rule == "own":
-        extra["access"] = lambda caller, initiator: caller == initiator
-    app = create_app(
-        runtime, auth=TokenAuth({"tok": ALICE}), sweep_every=None, close_runtime=True, **extra
-    )
-    transport = httpx.ASGITransport(app=app)
-    headers = {"Authorization": "Bearer tok"}
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=transport, base_url="http://t", headers=headers) as c,
-    ):
+    async with served(runtime, rule) as c:
         body = (await c.get("/v1/requests", params={"status": "expired"})).json()
         assert (body["total"], [i["id"] for i in body["items"]]) == (1, [rid])
         assert (await c.get(f"/v1/sessions/{sid}")).json()["status"] == "idle"
@@ -388,6 +378,20 @@ async def test_serve_s_sweep_goes_on_with_the_turns_an_expired_listing_left(
             await _all_completed(tree, rt)
         assert await tree.completed(rt) == set(tree.sids)
         assert tree.calls == DUE
+
+
+@contextlib.asynccontextmanager
+async def served(runtime: so.Runtime, rule: str) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of an app serving `runtime` to alice (`tok`) with no sweep, closing it after,
+    under the default access rule or (`rule="own"`) an app's own: each sees their own."""
+    extra: dict[str, Any] = {}
+    if rule == "own":
+        extra["access"] = lambda caller, initiator: caller == initiator
+    app = create_app(
+        runtime, auth=TokenAuth({"tok": ALICE}), sweep_every=None, close_runtime=True, **extra
+    )
+    async with app.router.lifespan_context(app), _client(app) as c:
+        yield c
 
 
 def _client(app: Any) -> httpx.AsyncClient:

@@ -10,16 +10,15 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 import pytest
 
 import signoff as so
-from signoff.server import TokenAuth, create_app
 from signoff.stores import PendingFilter
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
 from ._dashboard import csrf_of
 from ._delegation import refund_desk
+from .test_deadlines_listing import served
 
 ALICE = so.Principal(authenticator="sso", principal_id="alice")
 
@@ -109,18 +108,7 @@ async def test_the_http_listing_of_expired_requests_records_a_passed_ttl_first(
     expiry first, under the default rule and under an app's own, and the queue leaves it out."""
     clock = ManualClock()
     runtime = so.Runtime([_solo()], store=store_url, clock=clock)
-    extra: dict[str, Any] = {}
-    if rule == "own":
-        extra["access"] = lambda caller, initiator: caller == initiator
-    app = create_app(
-        runtime, auth=TokenAuth({"tok": ALICE}), sweep_every=None, close_runtime=True, **extra
-    )
-    transport = httpx.ASGITransport(app=app)
-    headers = {"Authorization": "Bearer tok"}
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=transport, base_url="http://t", headers=headers) as c,
-    ):
+    async with served(runtime, rule) as c:
         sid, rid = await _lapsed(runtime, clock)
         body = (await c.get("/v1/requests", params={"status": "pending"})).json()
         assert (body["total"], body["items"]) == (0, [])

@@ -64,6 +64,20 @@ def nested_desks(ttl_of: str) -> list[so.Agent]:
     return made
 
 
+async def _refused_unchanged(
+    runtime: so.Runtime, desk: str, helper: str, before: list[int | None]
+) -> None:
+    """Deleting `desk` is refused `SessionWaiting` on `helper`'s request and a prune skips it,
+    with nothing recorded: the heads are `before`, and no deletion is in the audit trail."""
+    async with runtime as rt:
+        with pytest.raises(so.SessionWaiting) as refused:
+            await rt.delete_session(desk, by=OPS)
+        assert helper in refused.value.held_by
+        assert await rt.prune(older_than=60, by=OPS) == []
+        assert await _heads(rt, [desk, helper]) == before
+        assert await rt.audit(stream=DELETIONS_STREAM) == []
+
+
 async def _heads(rt: so.Runtime, ids: list[str]) -> list[int | None]:
     """The last event of each session, as the store keeps it (`state` would record a TTL)."""
     return [await rt.store.head(s) for s in ids]
@@ -120,13 +134,9 @@ async def test_an_expired_tree_a_subagents_own_turn_holds_is_refused_unchanged(
         assert (await rt.generate(session_id=helper, prompt="refund 6", auth=ALICE)).pending
         before = await _heads(rt, [desk, helper])
     clock.advance(120)
-    async with so.Runtime(agents if loaded else [], store=store_url, clock=clock) as rt:
-        with pytest.raises(so.SessionWaiting) as refused:
-            await rt.delete_session(desk, by=OPS)
-        assert helper in refused.value.held_by
-        assert await rt.prune(older_than=60, by=OPS) == []
-        assert await _heads(rt, [desk, helper]) == before
-        assert await rt.audit(stream=DELETIONS_STREAM) == []
+    await _refused_unchanged(
+        so.Runtime(agents if loaded else [], store=store_url, clock=clock), desk, helper, before
+    )
 
 
 @pytest.mark.parametrize("how", ["delete", "prune"])
@@ -176,13 +186,9 @@ async def test_a_tree_whose_delegated_subagent_expired_under_a_live_turn_is_refu
         [helper] = [s.id for s in await rt.sessions(agent="helper")]
         before = await _heads(rt, [desk, helper])
     clock.advance(120)
-    async with so.Runtime(agents if loaded else [], store=store_url, clock=clock) as rt:
-        with pytest.raises(so.SessionWaiting) as refused:
-            await rt.delete_session(desk, by=OPS)
-        assert helper in refused.value.held_by
-        assert await rt.prune(older_than=60, by=OPS) == []
-        assert await _heads(rt, [desk, helper]) == before
-        assert await rt.audit(stream=DELETIONS_STREAM) == []
+    await _refused_unchanged(
+        so.Runtime(agents if loaded else [], store=store_url, clock=clock), desk, helper, before
+    )
 
 
 def _own_delegation() -> list[so.Agent]:
