@@ -10,12 +10,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 import signoff as so
 from signoff.channels import ChannelState
-from signoff.channels.slack import SlackChannel
+from signoff.channels.slack import SlackChannel, _inbox
 from signoff.channels.slack._inbox import ACK_WITHIN, Inbox
 
 TICK = 0.001  # well above the loop's clock resolution, which lets a timer fire that early
@@ -27,22 +28,28 @@ class Note:
 
 
 @contextmanager
-def loop_clock(loop: asyncio.AbstractEventLoop) -> Iterator[list[float]]:
-    """Freeze the loop's clock (its timers: `asyncio.wait_for`) where it is; the test moves it
-    by setting the list's one item."""
+def loop_clock(
+    loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[list[float]]:
+    """Freeze the loop's clock (its timers: `asyncio.wait_for`) and the inbox's own reading of
+    `time.monotonic()` (its deadline) at one value; the test moves both by setting the list's one
+    item. With the inbox's reading left running, a stall of a millisecond between its two
+    readings (CI's loaded machine) moved the timer before the save."""
     now = [loop.time()]
     setattr(loop, "time", lambda: now[0])  # noqa: B010 (mypy refuses `loop.time = ...`)
+    monkeypatch.setattr(_inbox, "time", SimpleNamespace(monotonic=lambda: now[0]))
     try:
         yield now
     finally:
         delattr(loop, "time")
+        monkeypatch.undo()
 
 
 @pytest.mark.parametrize(
     ("offset", "taken"), [(-TICK, True), (0.0, False), (TICK, False)], ids=["before", "at", "after"]
 )
 async def test_a_delivery_is_taken_only_if_saved_before_the_ack_deadline(
-    tmp_path: Path, offset: float, taken: bool
+    tmp_path: Path, offset: float, taken: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ran: list[tuple[str, bool]] = []
 
@@ -64,7 +71,7 @@ async def test_a_delivery_is_taken_only_if_saved_before_the_ack_deadline(
 
             return pick
 
-        with loop_clock(loop) as now:
+        with loop_clock(loop, monkeypatch) as now:
             deadline = now[0] + ACK_WITHIN
             if taken:
                 await inbox.admit(saved_at(now, deadline + offset))
@@ -85,8 +92,6 @@ def test_a_step_back_of_the_wall_clock_holds_off_no_scan() -> None:
     wall clock alone: stepped back an hour, no scan ran for an hour and five minutes. It now
     counts from the step."""
     from slack_sdk.web.async_client import AsyncWebClient
-
-    from signoff.channels.slack import _inbox
 
     wall = [1_800_000_000.0]
     client = AsyncWebClient(token="xoxb-test")
