@@ -78,6 +78,26 @@ def test_free_text_counts_once_against_the_text_limit() -> None:
         resolution(request, Reply("req_1", None, "x" * (MAX_TEXT_BYTES + 1)))
 
 
+def test_text_counts_as_its_utf8_bytes_however_json_escapes_it() -> None:
+    """A person's text is bounded as a message's is, by its UTF-8 bytes: the answer's text and
+    an approval's reason were measured as escaped JSON with their wrapping, so 4 MiB of letters,
+    or 3 MiB of quotes (taken as a prompt), were refused ("the answer is 6291537 bytes")."""
+    request = question(allow_text=True)
+    for text in ("x" * MAX_TEXT_BYTES, '"' * (3 << 20), "x\"\\\n" * (MAX_TEXT_BYTES // 4)):
+        assert resolution(request, Reply("req_1", None, text))["answer"]["text"] == text
+    with pytest.raises(so.InvalidAnswer, match=f"{MAX_TEXT_BYTES + 1} bytes, over the limit"):
+        resolution(request, Reply("req_1", None, "\u00e9" * (MAX_TEXT_BYTES // 2) + "x"))
+    approval = _request("tool-approval")
+    reason = '"' * MAX_TEXT_BYTES
+    assert resolution(approval, Reply("req_1", "cancel", reason))["reason"] == reason
+    with pytest.raises(so.InvalidAnswer, match=f"{MAX_TEXT_BYTES + 1} bytes, over the limit"):
+        resolution(approval, Reply("req_1", "cancel", reason + "x"))
+    # A reason and a value are what the person gave, in all: bounded together.
+    with pytest.raises(so.InvalidAnswer, match="over the limit"):
+        resolution(approval, Reply("req_1", "approve", reason[:-2], value="xy"))
+    assert resolution(approval, Reply("req_1", "approve", reason[:-4], value="x"))["value"] == "x"
+
+
 def _request(kind: str) -> so.InputRequest:
     return so.InputRequest(
         kind=kind, id="req_1", session_id="ses_1", turn_id="trn_1", agent="a", created_at=0.0

@@ -119,7 +119,7 @@ def resolution(request: InputRequest, reply: Reply, tool: Tool | None = None) ->
         # Held to Unicode and JSON as typed: a reason of one lone surrogate is blank to
         # given_reason, not valid.
         _check_unicode(rid, reply.text, "the reason")
-        _check_json(rid, {"reason": reply.text})
+        _check_json(rid, {}, text=reply.text)
         edited = None
         if reply.edited_input is not None:
             if reply.option_id != "approve":
@@ -134,7 +134,7 @@ def resolution(request: InputRequest, reply: Reply, tool: Tool | None = None) ->
         }
         if edited is not None:
             out["edited_input"] = edited
-        _check_json(rid, out)
+        _check_json(rid, {**out, "reason": None}, text=out["reason"])
         # As JSON gives it back: a tuple (or an IntEnum) in it reached the live run as it is
         # and a resumed one as a list (an int); both read the recorded value now.
         out["value"] = copied(out["value"])
@@ -170,7 +170,9 @@ def resolution(request: InputRequest, reply: Reply, tool: Tool | None = None) ->
     out = {"outcome": "answered", "answer": answer}
     # Free text is recorded twice, as the answer's value and as its text, but it is the person's
     # text once: bounded by `MAX_TEXT_BYTES` as a message is, not at half of it.
-    _check_json(rid, {**out, "answer": {**answer, "value": None}})
+    _check_json(
+        rid, {**out, "answer": {**answer, "value": None, "text": None}}, text=answer["text"]
+    )
     return out
 
 
@@ -337,13 +339,20 @@ def blank_identity(principal: Principal) -> str | None:
     return None
 
 
-def _check_json(rid: str, resolution: dict[str, Any]) -> None:
+def _check_json(rid: str, resolution: dict[str, Any], text: str | None = None) -> None:
     """What is recorded must be plain JSON: no NaN or infinity, nothing unserialisable, text
-    that is valid Unicode, nested at most `MAX_DEPTH` levels, so every reader can parse it."""
+    that is valid Unicode, nested at most `MAX_DEPTH` levels, so every reader can parse it.
+    What the person gave is at most `MAX_TEXT_BYTES` in all: their typed `text` (checked for
+    Unicode by the caller, kept out of `resolution`) as UTF-8, as a message's text is counted,
+    however JSON escapes it; a value and an edited input as JSON."""
     check_depth(rid, resolution.get("value"))
     check_depth(rid, resolution.get("edited_input"))
+    size = 0 if text is None else len(text.encode())
     try:
-        size = len(json.dumps(resolution, allow_nan=False, ensure_ascii=False).encode())
+        for key, part in resolution.items():
+            dumped = json.dumps(part, allow_nan=False, ensure_ascii=False).encode()
+            if key in ("value", "edited_input") and part is not None:
+                size += len(dumped)
     except (TypeError, ValueError) as exc:  # UnicodeEncodeError (a lone surrogate) is one
         raise InvalidAnswer(
             f"request {rid}: the answer is not plain JSON text: {exc}", [rid]
