@@ -83,7 +83,7 @@ def test_text_counts_as_its_utf8_bytes_however_json_escapes_it() -> None:
     an approval's reason were measured as escaped JSON with their wrapping, so 4 MiB of letters,
     or 3 MiB of quotes (taken as a prompt), were refused ("the answer is 6291537 bytes")."""
     request = question(allow_text=True)
-    for text in ("x" * MAX_TEXT_BYTES, '"' * (3 << 20), "x\"\\\n" * (MAX_TEXT_BYTES // 4)):
+    for text in ("x" * MAX_TEXT_BYTES, '"' * (3 << 20), 'x"\\\n' * (MAX_TEXT_BYTES // 4)):
         assert resolution(request, Reply("req_1", None, text))["answer"]["text"] == text
     with pytest.raises(so.InvalidAnswer, match=f"{MAX_TEXT_BYTES + 1} bytes, over the limit"):
         resolution(request, Reply("req_1", None, "\u00e9" * (MAX_TEXT_BYTES // 2) + "x"))
