@@ -81,6 +81,46 @@ async def test_a_server_that_trickles_its_answer_times_out_as_a_model_error(fake
     assert time.monotonic() - started < 10
 
 
+async def test_a_read_timeout_turned_off_or_raised_per_call_leaves_the_call_unbounded(
+    fake,
+) -> None:
+    """The bound on a whole call came from the client's timeout alone: a read timeout turned
+    off (`openai.Timeout(None, connect=...)`) was bounded by its connect timeout, and a longer
+    `params={"timeout": ...}` (the SDK call's own) by the model's; both gave up on a reply the
+    SDK would have waited for, blaming the server."""
+
+    def slow(got: Received) -> Reply:
+        time.sleep(0.8)
+        return Reply(openai_completion("late"))
+
+    unbounded = openai.AsyncOpenAI(
+        base_url=fake.base_url,
+        api_key=API_KEY,
+        max_retries=0,
+        timeout=openai.Timeout(None, connect=0.1),
+    )
+    fake.queue(slow)
+    async with so.models.OpenAIChat("m", client=unbounded) as m:
+        assert (await m.complete(request())).text == "late"
+    await unbounded.close()
+    fake.queue(slow)
+    async with so.models.OpenAIChat(
+        "m",
+        base_url=fake.base_url,
+        api_key=API_KEY,
+        max_retries=0,
+        timeout=0.1,
+        params={"timeout": 5.0},
+    ) as m:
+        assert (await m.complete(request())).text == "late"
+    fake.queue(Reply(openai_completion("late " * 200), trickle=0.05))
+    async with so.models.OpenAIChat(
+        "m", base_url=fake.base_url, api_key=API_KEY, max_retries=0, params={"timeout": 0.3}
+    ) as m:  # the call's own timeout bounds it as the client's did
+        with pytest.raises(so.ModelError, match=r"gave up after 0.6 s \(timeout=0.3, max_retr"):
+            await m.complete(request())
+
+
 async def test_transient_errors_are_retried_with_backoff(fake) -> None:
     # retry-after-ms keeps the SDK's backoff short; 503 and 429 are both transient
     fast = {"retry-after-ms": "5"}

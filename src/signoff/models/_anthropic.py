@@ -81,7 +81,8 @@ class Anthropic(SdkModel):
     Transient failures (connection errors, timeouts, 408/409/429/5xx, overloaded) are retried
     `max_retries` times with exponential backoff by the SDK; what still fails raises
     `ModelError`. `timeout` bounds each wait on the server, and a whole call gives up after
-    `(3 * max_retries + 2) * timeout`; a reply asking to wait over 120 s (Retry-After) is not
+    `(3 * max_retries + 2) * timeout` (a `timeout` in `params` in its place; none with a wait
+    left unbounded); a reply asking to wait over 120 s (Retry-After) is not
     retried, and the error says so. `params`
     are passed to `messages.create` as they are (`thinking`, `stop_sequences`, `extra_body`,
     ...), but neither they nor their `extra_body` may set the model, messages, tools, system

@@ -319,19 +319,31 @@ def load_sdk(module: str, extra: str, owner: str) -> ModuleType:
         ) from exc
 
 
-def call_bound(client: Any) -> float | None:
+def call_bound(client: Any, params: Mapping[str, Any] | None = None) -> float | None:
     """How long one model call may take, retries and the waits between them included: twice
-    the client's timeout per attempt and its timeout per wait, so a server that trickles its
+    the call's timeout per attempt and its timeout per wait, so a server that trickles its
     answer (each byte in time for the SDK's read timeout) or asks to wait an hour before a retry
-    cannot hold a turn and its session. None when the client has no timeout."""
-    timeout = getattr(client, "timeout", None)
+    cannot hold a turn and its session. The call's timeout is `params`' `timeout` (the SDK
+    call's own) where given, else the client's; None when it has none, or an httpx `Timeout`
+    with any part None (a wait the SDK lets last as long as it takes)."""
+    timeout = call_timeout(client, params)
     if timeout is not None and not isinstance(timeout, int | float):
         parts = [getattr(timeout, k, None) for k in ("connect", "read", "write", "pool")]
+        if any(p is None for p in parts):
+            return None
         timeout = max((p for p in parts if isinstance(p, int | float)), default=None)
     retries = getattr(client, "max_retries", 0)
     if timeout is None or isinstance(retries, bool) or not isinstance(retries, int):
         return None
     return (3 * max(retries, 0) + 2) * float(timeout)
+
+
+def call_timeout(client: Any, params: Mapping[str, Any] | None) -> Any:
+    """The timeout the SDK applies to one call: `params`' `timeout`, which the SDKs' calls take
+    in place of the client's, or the client's."""
+    if params is not None and "timeout" in params:
+        return params["timeout"]
+    return getattr(client, "timeout", None)
 
 
 def _reading_reply(exc: BaseException) -> bool:
@@ -397,6 +409,7 @@ class SdkModel:
     model: str
     max_reply_bytes: int
     price_per_mtok: Price | None  # USD per million (input, output) tokens; None: not known
+    params: dict[str, Any]  # passed to each SDK call as they are
     _base_url: str | None
     _clients: LoopClients[Any]
     _sdk: ModuleType
@@ -448,7 +461,8 @@ class SdkModel:
         a `ModelError` that says what failed and where (or a `UsageError` when the SDK refuses
         the arguments)."""
         client = self._clients.get()
-        bound = call_bound(client)
+        params = self.params
+        bound = call_bound(client, params)
         deadline = asyncio.timeout(bound)
         try:
             async with deadline:
@@ -458,7 +472,7 @@ class SdkModel:
                 raise ModelError(f"{what} for {where} timed out: {exc}") from exc
             raise ModelError(
                 f"{what} for {where} gave up after {bound:g} s (timeout="
-                f"{getattr(client, 'timeout', None)}, max_retries="
+                f"{call_timeout(client, params)}, max_retries="
                 f"{getattr(client, 'max_retries', None)}): the server answered too slowly or "
                 "asked to wait longer before a retry"
             ) from exc
