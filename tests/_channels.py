@@ -115,13 +115,13 @@ async def status(rt: so.Runtime, rid: str) -> tuple[str, str | None]:
     return stored.status, stored.outcome
 
 
-def escalating_refund(name: str = "support") -> so.Agent:
+def escalating_refund(name: str = "support", limits: so.Limits | None = None) -> so.Agent:
     def finance(ctx: so.ResponseContext) -> so.Allowed | so.Rejected:
         who = ctx.response.principal
         allowed = ctx.request.escalated_to == "finance" and who is not None and who == BOB
         return so.Allowed() if allowed else so.Rejected("not finance")
 
-    return _escalating(finance, name, repeat_last=True)
+    return _escalating(finance, name, repeat_last=True, limits=limits)
 
 
 def slowly_escalating_refund(clock: ManualClock, name: str = "support") -> so.Agent:
@@ -137,9 +137,11 @@ def slowly_escalating_refund(clock: ManualClock, name: str = "support") -> so.Ag
     return _escalating(finance, name)
 
 
-def _escalating(policy: Any, name: str, repeat_last: bool = False) -> so.Agent:
+def _escalating(
+    policy: Any, name: str, repeat_last: bool = False, limits: so.Limits | None = None
+) -> so.Agent:
     """An agent whose refund asks for an approval `policy` judges, escalated to finance when no
-    one decides within 60 s."""
+    one decides within 60 s (its session's `limits`, a TTL say, if given)."""
     spec = so.ApprovalSpec(
         request=so.always(),
         response=policy,
@@ -158,6 +160,7 @@ def _escalating(policy: Any, name: str, repeat_last: bool = False) -> so.Agent:
         [call_tools(call("issue_refund", order_id="A-1")), reply("Done.")],
         tools=[issue_refund],
         repeat_last=repeat_last,
+        limits=limits,
     )
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 import signoff as so
 from signoff.channels import (
     Channel,
@@ -168,3 +170,32 @@ async def test_a_text_channel_says_where_the_request_it_shows_was_escalated(
             assert everyone.sent[-1] == everyone.render(others.pending[0])
             await hub.poll()
             assert first_line.sent[-1] == first_line.render(others.pending[0])
+
+
+async def test_an_escalation_read_after_the_sessions_ttl_passed_opens_nowhere(
+    store_url: str,
+) -> None:
+    """An escalation the hub reads only after the session's TTL passed (the hub behind): the
+    group's `live_only` channel was handed it as a request that opens there (Slack posted it
+    with Approve and Deny), though an answer could only be refused (`SessionExpired`). As a
+    request opening read late after that TTL is, it is not handed to that channel."""
+    clock = ManualClock()
+    agent = escalating_refund(limits=so.Limits(ttl=100))
+    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
+        first = Opener(name="first", escalations=True, accepts=lambda r: r.escalated_to is None)
+        finance = Opener(name="finance", accepts=lambda r: r.escalated_to == "finance")
+        async with manual(ChannelHub(rt, [first, finance], clock=clock)) as hub:
+            result = await rt.generate("support", prompt="Refund A-1")
+            (a,) = result.pending
+            await hub.poll()
+            clock.advance(61)
+            assert await rt.expire_due() == 1  # escalated to finance, the session lives on
+            clock.advance(50)  # its TTL (100 s from its last activity) passes unrecorded
+            await hub.poll()
+            await hub.poll()
+            answer = so.InputResponse(request_id=a.id, option_id="approve")
+            with pytest.raises(so.SessionExpired):
+                await rt.respond(result.session_id, [answer], principal=BOB)
+            await hub.poll()
+        assert ("requested", a.id, "finance") not in finance.seen
+        assert first.seen[0] == ("requested", a.id, None)  # shown while the session lived

@@ -87,7 +87,11 @@ async def _announce(
         if not (before or now) or (ch.live_only and stored.status != "pending"):
             return
         if now and not before and ch.live_only:
-            await ch.on_requested(request)  # a channel of the group: it opens there now
+            # A channel of the group: it opens there now, unless its session's TTL (or one's
+            # above it) passed by the time the hub read this (it takes no answer), as for
+            # an opening read late (`_requested`).
+            if not await lapsed(store, request, ch.runtime.now()):
+                await ch.on_requested(request)
         else:
             escalation = _read("escalation", Escalation.from_event, entry.data, request, entry.at)
             await ch.on_escalated(request, escalation)

@@ -397,7 +397,8 @@ class Channel:
 
         `request` is as stored now: a channel that is not `live_only` is told also when it has
         closed since. By default an open one is shown anew, as by `on_updated`. A `live_only`
-        channel whose `accepts` takes the request only as escalated gets `on_requested` instead.
+        channel whose `accepts` takes the request only as escalated gets `on_requested` instead
+        (nothing, once its session's TTL, or one's above it, passed: it takes no answer).
         """
         if request.status == "pending":
             await self.on_updated(request)
