@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import signoff as so
 from signoff.channels import ChannelHub
 from signoff.channels._base import QUEUED_NOTE
@@ -277,13 +279,16 @@ async def test_a_reply_from_someone_the_waiting_turn_does_not_serve_is_told_it_w
         assert log == []
 
 
+@pytest.mark.parametrize("recorded", ["by the reply", "by a read of the parent", "by a sweep"])
 async def test_a_typed_approve_after_a_parents_ttl_passed_is_refused_not_sent(
-    tmp_path: Path, fake: FakeSlack
+    tmp_path: Path, fake: FakeSlack, recorded: str
 ) -> None:
     """A typed "approve" in the thread of a subagent's request once its parent's TTL passed:
-    the read of its session recorded that (the request withdrawn), no request was open, and the
-    reply went to the subagent as a message, a new turn of it (its model ran). As a press of
-    Approve is, the person is told it can no longer be answered, and nothing is sent."""
+    a read recorded that (the request withdrawn), no request was open, and the reply went to
+    the subagent as a message, a new turn of it (its model ran). As a press of Approve is, the
+    person is told it can no longer be answered, and nothing is sent, whichever read recorded
+    the expiry: the reply's own read of the session, or one before the reply (someone opened
+    the parent's page, a sweep ran)."""
 
     @so.tool(approval=so.always())
     async def issue_refund(order_id: str) -> str:
@@ -305,7 +310,8 @@ async def test_a_typed_approve_after_a_parents_ttl_passed_is_refused_not_sent(
     async with so.Runtime(
         [parent, child], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock
     ) as rt:
-        (mirror,) = (await rt.generate("desk", prompt="Handle it")).pending
+        r = await rt.generate("desk", prompt="Handle it")
+        (mirror,) = r.pending
         assert mirror.child is not None
         rid, sid = mirror.child.request_id, mirror.child.session_id
         slack = channel(fake)
@@ -313,12 +319,74 @@ async def test_a_typed_approve_after_a_parents_ttl_passed_is_refused_not_sent(
             await hub.poll()
             assert len(fake.of("chat.postMessage")) == 1  # the subagent's request
             clock.advance(61)
+            if recorded == "by a read of the parent":
+                await rt.state(r.session_id)  # its page opened, say
+            elif recorded == "by a sweep":
+                await rt.expire_due()
+            before = await rt.store.get_request(rid)
+            assert before is not None
+            assert before.status == ("pending" if recorded == "by the reply" else "withdrawn")
             assert await deliver(slack, event("approve")) is None
             await hub.poll()
         stored = await rt.store.get_request(rid)
         assert stored is not None and stored.status == "withdrawn"
         state = await rt.state(sid)
         assert state.turn is not None and state.turn.text != "Done."  # no new turn ran
+        assert [e.type for e in await events_of(rt, sid)].count("turn.started") == 1
+    (note,) = fake.of("chat.postEphemeral")
+    assert note["text"] == (
+        f"This request can no longer be answered: request {rid} is withdrawn (cancelled); it "
+        "takes no answers. Your reply was not sent."
+    )
+
+
+async def test_a_typed_approve_after_a_grandparents_ttl_passed_is_refused_not_sent(
+    tmp_path: Path, fake: FakeSlack
+) -> None:
+    """As for a parent's: the TTL of the session two above the subagent's passed and a sweep
+    recorded it (the subagent's request withdrawn) before a typed "approve" in its thread,
+    which is refused, not sent to the subagent as a message."""
+
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    child = scripted_agent(
+        "support",
+        [call_tools(call("issue_refund", order_id="1042")), reply("Done."), reply("Again.")],
+        tools=[issue_refund],
+    )
+    middle = scripted_agent(
+        "team",
+        [call_tools(call("support", call_id="t1", message="Go on")), reply("Done.")],
+        tools=[so.delegate("support")],
+    )
+    top = scripted_agent(
+        "desk",
+        [call_tools(call("team", call_id="d1", message="Go on")), reply("Done.")],
+        tools=[so.delegate("team")],
+        limits=so.Limits(ttl=60),
+    )
+    clock = ManualClock()
+    store = f"sqlite:///{tmp_path / 's.db'}"
+    async with so.Runtime([top, middle, child], store=store, clock=clock) as rt:
+        (asked,) = (await rt.generate("desk", prompt="Handle it")).pending
+        while asked.child is not None:  # down the mirrors to the subagent's own request
+            stored = await rt.store.get_request(asked.child.request_id)
+            assert stored is not None
+            asked = stored.request
+        rid, sid = asked.id, asked.session_id
+        slack = channel(fake)
+        async with manual(ChannelHub(rt, [slack], clock=clock)) as hub:
+            await hub.poll()
+            assert len(fake.of("chat.postMessage")) == 1  # the subagent's request
+            clock.advance(61)
+            await rt.expire_due()
+            before = await rt.store.get_request(rid)
+            assert before is not None and before.status == "withdrawn"
+            assert await deliver(slack, event("approve")) is None
+            await hub.poll()
         assert [e.type for e in await events_of(rt, sid)].count("turn.started") == 1
     (note,) = fake.of("chat.postEphemeral")
     assert note["text"] == (

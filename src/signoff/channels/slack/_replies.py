@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..._answers import closed_text, match
-from ..._exceptions import SignoffError, StoreDamaged, StoreError
+from ..._exceptions import SignoffError, StoreDamaged, StoreError, UnknownSession
 from ..._messages import first_open
 from ..._results import Outcome
 from ..._text import is_blank
@@ -32,7 +32,8 @@ from ._payloads import SlackPayloadError, check_ids, envelope_of, member_of
 from ._speakers import policy_refuses
 
 if TYPE_CHECKING:
-    from ..._types import InputRequest
+    from ..._runtime import Runtime
+    from ..._state import SessionState
     from ...stores import StoredRequest
     from ._channel import SlackChannel
 
@@ -343,7 +344,7 @@ class ThreadReplies:
             await ch._tell(where, f"Your reply {sent}: {str(exc).rstrip('.')}.")
             return
         state = await rt.state(stored.request.session_id)
-        if await self._closed_by_read(stored, state.pending_requests(), reply.text, where):
+        if await self._closed_for_good(stored, state, reply.text, where):
             return
         first = first_open(state.pending_requests())
         serves = None if state.turn is None else state.turn.principal
@@ -385,20 +386,26 @@ class ThreadReplies:
         if result.queued:  # else they would think the agent read it in the turn now running
             await ch._tell(where, QUEUED_NOTE)
 
-    async def _closed_by_read(
-        self, stored: StoredRequest, pending: list[InputRequest], text: str, where: dict[str, str]
+    async def _closed_for_good(
+        self, stored: StoredRequest, state: SessionState, text: str, where: dict[str, str]
     ) -> bool:
-        """Whether a reply answering the thread's request was refused, its author told why: open
-        when read, and closed by the read of its session (its TTL, or one above it, passed: the
-        request expired or withdrawn), as a press of its button is told. Else it would reach
-        the session as a message, a new turn of a subagent whose parent is gone."""
+        """Whether a reply answering the thread's request was refused, its author told why, as
+        a press of its button is told: the request was open when read and closed by the read of
+        its session, or it is expired or withdrawn and its session, or one above it, passed its
+        TTL (whoever recorded that: a sweep, a page of the parent). Else it would reach the
+        session as a message, a new turn of a subagent whose parent is gone."""
         request = stored.request
-        if stored.status != "pending" or any(p.id == request.id for p in pending):
+        if any(p.id == request.id for p in state.pending_requests()):
             return False
         if match(request, text) is None:
             return False
-        now = await self.channel.runtime.store.get_request(request.id)
+        rt = self.channel.runtime
+        now = await rt.store.get_request(request.id)
         if now is None or now.status == "pending":
+            return False
+        if stored.status != "pending" and not (
+            now.status in ("expired", "withdrawn") and await _tree_lapsed(rt, state)
+        ):
             return False
         outcome = (now.resolution or {}).get("outcome")
         on_timeout = (now.resolution or {}).get("on_timeout")
@@ -407,6 +414,30 @@ class ThreadReplies:
             where, f"This request can no longer be answered: {closed}. Your reply was not sent."
         )
         return True
+
+
+async def _tree_lapsed(rt: Runtime, state: SessionState) -> bool:
+    """Whether the session `state`, or one above it (its parent, theirs...), passed its TTL with
+    its turn unfinished (recorded or not): that ended the turns below it, closing their
+    requests for good. A parent deleted since ends the walk (no TTL of its own to tell)."""
+    now, seen = rt.now(), {state.id}
+    while not _lapsed(state, now):
+        if state.parent is None or state.parent in seen:
+            return False
+        seen.add(state.parent)
+        try:
+            state = await rt._state(state.parent)
+        except UnknownSession:
+            return False
+    return True
+
+
+def _lapsed(state: SessionState, now: float) -> bool:
+    """Whether the session's TTL passed with its turn unfinished: its lapse recorded, or its
+    TTL passed by `now` while its turn runs or waits (an idle session past it ended nothing)."""
+    turn = state.turn
+    unfinished = turn is not None and turn.status in ("running", "waiting")
+    return state.lapsed or (unfinished and state.expired(now))
 
 
 def _plain(text: str, bots: set[Any]) -> str:
