@@ -21,7 +21,8 @@ from typer.testing import CliRunner
 
 import signoff as so
 from signoff.cli import app as cli_app
-from signoff.server import create_app
+from signoff.server import TokenAuth, create_app, default_access
+from signoff.server._context import ServerContext
 from signoff.stores import PendingFilter
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
@@ -209,3 +210,92 @@ async def test_a_damaged_row_past_its_deadline_is_left_out_of_the_servers_queue(
     result = await asyncio.to_thread(CliRunner().invoke, cli_app, args)
     assert result.exit_code == 0, result.output
     assert bad.id not in result.output
+
+
+def _delegating_agents() -> list[so.Agent]:
+    """`desk` delegates to `support`, whose approval (also asked in a session of its own) has a
+    60 s deadline that denies it."""
+    gated = gated_agent()
+    desk = scripted_agent(
+        "desk",
+        [call_tools(call("support", call_id="d1", message="Refund 1")), reply("done")],
+        tools=[so.delegate("support")],
+    )
+    return [desk, gated]
+
+
+async def test_a_damaged_subagent_request_behind_a_mirror_is_left_out_of_the_queue(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A subagent's request row that does not read back, behind its parent's open mirror: once
+    its deadline passed, what the queue leaves out (`_unlisted`) followed every mirror in one
+    read, which it failed, so `GET /v1/requests`, the dashboard's queue and its stream's count,
+    and `signoff pending` answered 503 (exit 1) for as long as it stayed damaged; the sessions
+    listing read every passed deadline so, and listed each session they free as `waiting`."""
+    clock = ManualClock(T0)
+    async with so.Runtime(_delegating_agents(), store=store_url, clock=clock) as rt:
+        (mirror,) = (await rt.generate("desk", prompt="Handle it")).pending
+        freed = (await rt.generate("support", prompt="order 2")).session_id
+        clock.advance(100)
+        (kept,) = (await rt.generate("support", prompt="order 3")).pending  # open at +120
+    assert mirror.child is not None
+    bad = mirror.child.request_id
+    edit(store_url, "UPDATE {t}requests SET data = {p} WHERE id = {p}", b"garbage", bad)
+    clock = ManualClock(T0 + 120)  # the subagent's deadline and the second's passed, unrecorded
+    async with so.Runtime(_delegating_agents(), store=store_url, clock=clock) as rt:
+        # Read first: the queue's listings record passed deadlines (its turn then goes on).
+        assert {s.id: s.status for s in await rt.sessions()}[freed] == "running"
+        assert (await rt.state(freed)).status == "running"  # as it shows it, deny unrecorded
+        async with served(rt) as c:
+            r = await c.get("/v1/sessions", params={"status": "running"})
+            assert r.status_code == 200, r.text
+            assert freed in [i["id"] for i in r.json()["items"]]
+        with caplog.at_level(logging.WARNING, logger="signoff"):
+            assert [r.id for r in await rt.pending()] == [kept.id]
+        assert [r for r in caplog.records if bad in r.getMessage()], caplog.text
+        async with served(rt) as c:
+            r = await c.get("/v1/requests")
+            assert r.status_code == 200, r.text
+            assert [i["id"] for i in r.json()["items"]] == [kept.id]
+            for page in ("/_signoff/", "/_signoff/fragments/queue"):
+                r = await c.get(page)
+                assert r.status_code == 200, (page, r.text[:300])
+        # The count the dashboard's queue stream polls, which ended that stream.
+        ctx = ServerContext(runtime=rt, auth=TokenAuth({}), access=default_access, secret=b"k" * 32)
+        total, _ = await ctx.open_requests_version()
+        assert total >= 1
+    args = ["pending", "--store", store_url]  # on the real clock: every deadline passed
+    result = await asyncio.to_thread(CliRunner().invoke, cli_app, args)
+    assert result.exit_code == 0, result.output
+    assert mirror.id not in result.output
+
+
+async def test_a_damaged_row_past_its_deadline_leaves_the_others_freed(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The sessions listing reads the requests past their deadline, which free their sessions
+    (`running` while the store holds them `waiting`), with the store's own listing: one damaged
+    row among them listed every other such session as `waiting` in `rt.sessions()` and
+    `GET /v1/sessions`, and the `running` filter left them out, though `rt.state()` shows them
+    running. That row is logged and left out; its own session is listed as the store holds it."""
+    made = await three_parked(store_url)
+    bad = made[0].pending[0]
+    edit(store_url, "UPDATE {t}requests SET data = {p} WHERE id = {p}", b"garbage", bad.id)
+    freed = {m.session_id for m in made[1:]}
+    clock = ManualClock(T0 + 120)  # every deadline (deny) passed, none recorded
+    async with so.Runtime([gated_agent()], store=store_url, clock=clock) as rt:
+        with caplog.at_level(logging.WARNING, logger="signoff"):
+            listed = {s.id: s.status for s in await rt.sessions()}
+        assert [r for r in caplog.records if bad.id in r.getMessage()], caplog.text
+        assert {sid: listed[sid] for sid in freed} == dict.fromkeys(freed, "running")
+        assert made[0].session_id in listed
+        assert freed <= {s.id for s in await rt.sessions(status="running")}
+        assert freed.isdisjoint(s.id for s in await rt.sessions(status="waiting"))
+        async with served(rt) as c:
+            r = await c.get("/v1/sessions")
+            assert r.status_code == 200, r.text
+            shown = {i["id"]: i["status"] for i in r.json()["items"]}
+            assert {sid: shown[sid] for sid in freed} == dict.fromkeys(freed, "running")
+            r = await c.get("/v1/sessions", params={"status": "running"})
+            assert freed <= {i["id"] for i in r.json()["items"]}
+        assert {(await rt.state(sid)).status for sid in freed} == {"running"}

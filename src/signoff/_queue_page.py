@@ -29,6 +29,7 @@ __all__ = [
     "keyed_page",
     "passing_page",
     "queue_page",
+    "readable_followed",
     "readable_pending",
     "record_closed",
 ]
@@ -358,19 +359,23 @@ async def _followed(
 ) -> list[InputRequest]:
     """`followed(store, page, now)`; `passing`, a mirror that fails is logged and left out
     (without it, a listing people read, one whose subagent's request does not read back)."""
-    if all(r.child is None for r in page):
-        return await followed(store, page, now)
     if passing is None:
-        try:
-            return await followed(store, page, now)
-        except StoreDamaged:
-            pass
+        return await readable_followed(store, page, now)
     out: list[InputRequest] = []
     for r in page:
-        if passing is not None:
-            with one_of_many(passing[0], r.session_id, f"request {r.id}, {passing[1]}"):
-                out += await followed(store, [r], now)
-            continue
+        with one_of_many(passing[0], r.session_id, f"request {r.id}, {passing[1]}"):
+            out += await followed(store, [r], now)
+    return out
+
+
+async def readable_followed(
+    store: Store, requests: list[InputRequest], now: float
+) -> list[InputRequest]:
+    """`followed(store, requests, now)` for a listing people read, each mirror on its own: one
+    whose subagent's request does not read back (`StoreDamaged`) is logged and left out, so it
+    fails no other request's listing (the page leaves it out too)."""
+    out: list[InputRequest] = []
+    for r in requests:
         try:
             out += await followed(store, [r], now)
         except StoreDamaged as exc:

@@ -19,11 +19,12 @@ from ._deadlines import (
     summary_after_expiry,
 )
 from ._exceptions import StoreDamaged, StoreError, UnknownSession, UsageError
-from ._mirrors import followed, followed_state
+from ._mirrors import followed_state
+from ._queue_page import readable_followed, readable_pending
 from ._text import is_utf8
 from ._types import InputRequest
 from .stores import InitiatorFilter, PendingFilter, SessionSummary, Store
-from .stores._pending import cursor_past, first_seen
+from .stores._pending import first_seen
 
 if TYPE_CHECKING:
     from ._work import Workers
@@ -241,12 +242,11 @@ async def freed_sessions(rt: Workers, agent: str | None, now: float) -> set[str]
     leave `running` (every open request closed: `on_timeout` deny or approve), as `rt.state`
     shows them: a read records none, so drives no turn. Read from the store's index of passed
     deadlines (none, mostly), and the state of each session found there."""
-    try:
-        due = await _due(rt, agent, now)
-        shown = await followed(rt.store, due, now)  # a mirror's as its subagent's request stands
-    except StoreDamaged as exc:  # a request row that does not read back: listed as stored
-        log.warning("sessions are listed as stored, passed deadlines unread: %s", exc)
-        return set()
+    # A request row that does not read back, or a mirror's subagent's, is logged and left out
+    # (`readable_pending`, `readable_followed`): its session is listed as stored, the others
+    # as their deadlines leave them.
+    due = await _due(rt, agent, now)
+    shown = await readable_followed(rt.store, due, now)  # a mirror's as its request stands
     closes = [r for r in shown if r.status == "pending" and after_deadline(r, now) is None]
     closing = {r.session_id for r in closes}
     freed: set[str] = set()
@@ -276,11 +276,11 @@ async def _due(rt: Workers, agent: str | None, now: float) -> list[InputRequest]
     after: tuple[float, str] | None = None
     while True:
         flt = PendingFilter(agent=agent, live_at=now, due_by=now, limit=CHUNK, after=after)
-        page = await rt.store.pending(flt)
+        page, (listed, last) = await readable_pending(rt.store, flt)
         due += [r for r in first_seen(page, read) if is_due(r, now)]
-        if len(page) < CHUNK:
+        if listed < CHUNK or last is None:
             return due
-        after = cursor_past(page[-1], after)
+        after = last
 
 
 async def _stale(rt: Workers, agent: str | None, now: float) -> list[SessionSummary]:

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 
 from ._deadlines import after_deadline
-from ._mirrors import followed
+from ._queue_page import readable_followed
 from ._types import InputRequest
 from .stores import PendingFilter, Store
 from .stores._pending import cursor_past, first_seen
@@ -51,7 +51,9 @@ async def unlisted(
     for scope in scopes:
         async for page in _pages(store, replace(scope, excluded=()), read):
             mirrors = [r for r in page if r.child is not None]
-            for shown in await followed(store, mirrors, now):
+            # Each on its own: one whose subagent's request does not read back is logged and
+            # left to the page, which leaves it out too.
+            for shown in await readable_followed(store, mirrors, now):
                 if shown.status != "pending" or after_deadline(shown, now) is None:
                     hidden.append(shown.id)
     return hidden
