@@ -1,11 +1,13 @@
 """`signoff chat` (`_chat`) offers nothing that could only fail: a `--session` past its TTL is
 refused before anything is printed, a mirror whose delegate tool a deploy took away is not
-asked (`delegate_gone`, as the dashboard judges it), and a request left pending in a store of
-this process's memory is said to be lost, not to be answered later by a command."""
+asked (`delegate_gone`, as the dashboard judges it), nor is the requester four eyes bars from
+their own call, and a request left pending in a store of this process's memory is said to be
+lost, not to be answered later by a command."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -16,7 +18,7 @@ from signoff.cli import app
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent, store_contents
 
 from . import test_subagents_tool_gone as gone
-from ._cli import agent, treasurer, url
+from ._cli import agent, invoke, treasurer, url
 
 __all__ = ["url"]  # the fixture, used by name
 
@@ -36,6 +38,21 @@ idle = scripted_agent("idle", [reply("hi")], repeat_last=True, limits=TTL)
 waiting = scripted_agent(
     "waiting", [call_tools(call("refund", order_id="1")), reply("done")], tools=[refund], limits=TTL
 )
+
+
+@so.tool(approval=so.always(exclude_requester=True))
+async def deploy(service: str) -> str:
+    """Deploy a service."""
+    return "live"
+
+
+ops = scripted_agent(
+    "ops", [call_tools(call("deploy", service="api")), reply("deployed")], tools=[deploy]
+)
+
+
+def four_eyes() -> so.Runtime:
+    return so.Runtime([ops], store="sqlite:///unused.db")
 
 
 def timed() -> so.Runtime:
@@ -149,3 +166,30 @@ def test_a_request_left_in_a_store_of_this_process_is_said_to_be_lost(url: str) 
         assert chat.exit_code == 0, chat.output
         assert "lost when chat exits" in chat.output, chat.output
         assert ":memory:`" not in chat.output and "--session" not in chat.output
+
+
+@pytest.mark.parametrize("typed", ["y", "n"])
+def test_the_requester_of_a_four_eyes_call_is_not_asked_it(url: str, typed: str) -> None:
+    """Alice's own call needs someone else (`exclude_requester=True`): chat asked her `(y/N)`,
+    refused either answer (`NotAllowed`) and exited 1, the rest of what she typed unread. It
+    says someone else must approve it and leaves it to them, as it does a quorum she voted in
+    (exit 0); nothing is recorded, and Bob's approval runs the call."""
+    args = ["chat", "tests.test_cli_chat_dead_ends:four_eyes", "--store", url]
+    chat = CliRunner().invoke(app, [*args, "--as", "okta:alice"], input=f"deploy api\n{typed}\n")
+    assert chat.exit_code == 0, chat.output
+    assert chat.stderr == "", chat.stderr
+    assert "(y/N)" not in chat.output and "NotAllowed" not in chat.output, chat.output
+    (row,) = json.loads(invoke("pending", "--store", url, "--json").stdout)
+    sid, rid = row["session_id"], row["id"]
+    assert row["approved_by"] == [] and f"session {sid}\n" in chat.output, chat.output
+    said = f"request {rid}: the requester may not approve or deny their own call: someone else"
+    assert said in chat.output, chat.output
+    assert f"the turn waits for other people to answer {rid}; " in chat.output
+    assert f"--session {sid}` continues it later" in chat.output
+    before = asyncio.run(_contents(url, sid))
+    again = CliRunner().invoke(app, [*args, "--as", "okta:alice", "--session", sid], input="y\n")
+    assert again.exit_code == 0 and "(y/N)" not in again.output, again.output
+    assert asyncio.run(_contents(url, sid)) == before  # her chats recorded nothing
+    bob = CliRunner().invoke(app, [*args, "--as", "okta:bob", "--session", sid], input="y\n")
+    assert bob.exit_code == 0, bob.output
+    assert "ops: deployed" in bob.output, bob.output

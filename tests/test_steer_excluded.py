@@ -112,7 +112,7 @@ async def test_the_excluded_requesters_deny_by_request_id_is_refused_as_a_deny(
                 await attempt()
             assert str(refused.value) == (
                 f"request {req.id}: the requester may not deny their own call by request id; "
-                "a message of theirs (send) withdraws it"
+                "a message from them withdraws it"
             )
         with pytest.raises(so.NotAllowed, match="may not approve their own call$"):
             await rt.respond(

@@ -17,6 +17,7 @@ __all__ = [
     "authorize",
     "check_policy_present",
     "check_quorum_eligibility",
+    "excluded_requester",
     "is_gated",
     "policy_recorded",
     "refusal",
@@ -167,15 +168,21 @@ def check_quorum_eligibility(
             f"{'s' if request.approvers > 1 else ''}; an anonymous answer does not count",
             [request.id],
         )
+    if excluded_requester(request, principal):
+        raise NotAllowed(f"request {request.id}: {_own_call(decision)}", [request.id])
+
+
+def excluded_requester(request: InputRequest, principal: Principal | None) -> bool:
+    """Whether four eyes bars `principal` from settling `request`, as the person who asked it:
+    compared by principal id, the key votes are counted by, so the requester answering through
+    another surface (`local:alice` for `sso:alice`) is still the requester."""
     asker = request.requested_by
-    # The person key votes are counted by (principal id), not the full identity: the requester
-    # answering through another surface (`local:alice` for `sso:alice`) is still the requester.
-    if (
+    return (
         request.exclude_requester
         and asker is not None
+        and principal is not None
         and principal.principal_id == asker.principal_id
-    ):
-        raise NotAllowed(f"request {request.id}: {_own_call(decision)}", [request.id])
+    )
 
 
 def _own_call(decision: str | None) -> str:
@@ -184,8 +191,8 @@ def _own_call(decision: str | None) -> str:
         return "the requester may not approve their own call"
     if decision is None:
         return "the requester may not approve or deny their own call"
-    # A deny by request id would settle it too; a message of theirs withdraws it instead.
+    # A deny by request id would settle it too; a message of theirs withdraws it instead, sent
+    # however the surface sends one (`send`, the dashboard's box, chat, a thread reply).
     return (
-        "the requester may not deny their own call by request id; "
-        "a message of theirs (send) withdraws it"
+        "the requester may not deny their own call by request id; a message from them withdraws it"
     )

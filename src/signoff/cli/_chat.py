@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 
 from .._agent import Agent
-from .._eligibility import refusal
+from .._eligibility import excluded_requester, refusal
 from .._exceptions import (
     AnswerError,
     InvalidAnswer,
@@ -273,6 +273,16 @@ class _Chat:
         store = self.runtime.store
         return isinstance(store, SQLiteStore) and store.path == ":memory:"
 
+    async def for_others(self, request: InputRequest) -> str | None:
+        """Why `request` waits for someone other than this chat's person, who four eyes bars
+        from settling their own call (as the dashboard shows instead of its buttons): asking
+        them could only be refused, whatever they typed."""
+        rt = self.runtime
+        if not excluded_requester((await deciding_way(rt.store, request))[-1], self.principal):
+            return None
+        refused = await refusal(rt.agents, rt.store, request, self.principal)
+        return None if refused is None else f"{refused}: someone else must approve it"
+
     async def cannot_answer(self, request: InputRequest) -> str | None:
         """Why no answer to `request` given here could be taken, for one who may answer it: a
         mirror whose delegate tool a deploy took from its parent's agent (`delegate_gone`, as
@@ -297,13 +307,14 @@ class _Chat:
         self, result: GenerateResult, answered: set[str], unanswered: set[str]
     ) -> bool:
         unanswerable: set[str] = set()  # refused `UnknownTool` here, said so and not asked again
+        theirs: set[str] = set()  # for others to answer (four eyes), said so and not asked
         while True:
             await self.trace(result.session_id)
             if result.status != "waiting" or not result.pending:
                 break
             # as a typed message answers them: a session-limit prompt first, else as asked
             open_requests = sorted(
-                (r for r in result.pending if r.id not in answered | unanswerable),
+                (r for r in result.pending if r.id not in answered | unanswerable | theirs),
                 key=lambda r: r.kind != "session-limit",
             )
             others = [r.id for r in result.pending if r.id not in unanswerable]
@@ -322,6 +333,11 @@ class _Chat:
             if not open_requests:  # each said how it can be settled instead
                 return False
             request = open_requests[0]
+            why = await self.for_others(request)
+            if why is not None:  # waits for others, as a quorum this chat voted in does
+                self.console.print(f"[yellow]{printable(why)}[/]")
+                theirs.add(request.id)
+                continue
             why = await self.cannot_answer(request)
             if why is not None:
                 self.console.print(f"[yellow]{printable(why)}[/]")
