@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -16,6 +17,7 @@ import pytest
 import signoff as so
 from signoff.testing import (
     ExecutionLog,
+    ManualClock,
     sqlite_runtime,
 )
 
@@ -65,6 +67,7 @@ async def test_response_policy_receives_request_response_and_session(tmp_path: P
             assert ctx.request.tool_input.model_dump() == req.input
             assert ctx.request.principal == ALICE
             assert ctx.request.escalated_to is None
+            assert ctx.request.approved_by == ()
             assert ctx.session.id == sid
             assert ctx.session.agent == "billing"
             assert ctx.session.turn == req.turn_id
@@ -73,6 +76,53 @@ async def test_response_policy_receives_request_response_and_session(tmp_path: P
         assert (first.response.decision, first.response.principal) == ("cancel", MALLORY)
         assert (second.response.decision, second.response.principal) == ("approve", BOB)
         assert log.count() == 1
+
+
+async def test_a_policy_sees_the_votes_counted_before_an_escalation(tmp_path: Path) -> None:
+    """A quorum's votes counted before its deadline escalated it stand: one more completes it.
+    The policy could not tell (`RequestInfo` had `escalated_to`, not the votes); it is shown
+    them (`approved_by`, principal ids, this answer's not among them), here to refuse the
+    escalated request's completing vote where no one of the group voted before."""
+    carol = so.Principal(authenticator="slack", issuer="T01", principal_id="carol")
+    finance = {"carol", "dan"}
+    seen: list[tuple[str | None, tuple[str, ...], str]] = []
+
+    def finance_completes(ctx: so.ResponseContext) -> so.Allowed | so.Rejected:
+        who = ctx.response.principal
+        assert who is not None
+        seen.append((ctx.request.escalated_to, ctx.request.approved_by, who.principal_id))
+        votes = {*ctx.request.approved_by, who.principal_id}
+        if ctx.request.escalated_to == "finance" and not votes & finance:
+            return so.Rejected("finance must vote on it now")
+        return so.Allowed()
+
+    clock = ManualClock()
+    rules = so.always(approvers=2, expires_in=60, on_timeout="escalate", escalate_to="finance")
+    spec = so.ApprovalSpec(request=rules, response=finance_completes)
+    log = ExecutionLog()
+    async with sqlite_runtime(tmp_path, refund_agent(log, spec), clock=clock) as rt:
+        sid, req, _ = await asked(rt, ALICE)
+
+        def vote(who: so.Principal) -> Awaitable[so.GenerateResult]:
+            answer = so.InputResponse(request_id=req.id, option_id="approve")
+            return rt.respond(sid, [answer], principal=who)
+
+        r = await vote(BOB)
+        assert [(o.outcome, o.reason) for o in r.outcomes] == [("counted", "1 of 2")]
+        clock.advance(61)
+        (escalated,) = await rt.pending(session_id=sid)
+        assert (escalated.escalated_to, escalated.approved_by) == ("finance", ["bob"])
+        r = await vote(ALICE)  # rejected: finance has not voted
+        assert [(o.outcome, o.reason) for o in r.outcomes] == [
+            ("rejected", "finance must vote on it now")
+        ]
+        r = await vote(carol)  # bob's vote stands: carol's completes the quorum
+        assert (r.status, r.text, log.count()) == ("completed", "done", 1)
+        assert seen == [
+            (None, (), "bob"),
+            ("finance", ("bob",), "alice"),
+            ("finance", ("bob",), "carol"),
+        ]
 
 
 @pytest.mark.parametrize(

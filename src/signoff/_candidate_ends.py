@@ -172,6 +172,7 @@ class CandidateEnds(SessionRunner):
                     tool_input=proposed_input(state, tool, request),
                     principal=request.requested_by,
                     escalated_to=request.escalated_to,
+                    approved_by=tuple(request.approved_by),
                 ),
                 response=ResponseInfo(
                     decision=wanted["decision"],

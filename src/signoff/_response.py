@@ -59,7 +59,9 @@ ResponseStatus: TypeAlias = Literal["allowed", "rejected"] | Allowed | Rejected 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RequestInfo:
-    """The approval being answered; `principal` is whoever's turn asked (None if anonymous)."""
+    """The approval being answered; `principal` is whoever's turn asked (None if anonymous).
+    `approved_by`: the principal ids whose quorum votes count so far (not this answer's), also
+    those counted before a deadline escalated it (`escalated_to`), which stand."""
 
     request_id: str
     call_id: str
@@ -67,6 +69,7 @@ class RequestInfo:
     tool_input: Any
     principal: Principal | None
     escalated_to: str | None = None
+    approved_by: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

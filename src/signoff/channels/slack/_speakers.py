@@ -42,6 +42,7 @@ async def policy_refuses(rt: Runtime, request: InputRequest, principal: Principa
             tool_input=typed_input(tool, request.input),
             principal=request.requested_by,
             escalated_to=request.escalated_to,
+            approved_by=tuple(request.approved_by),
         )
         ctx = ResponseContext(
             request=info,
