@@ -17,6 +17,7 @@ import signoff as so
 from signoff._events import Event
 from signoff._exceptions import LeaseLost
 from signoff.stores import Commit
+from signoff.testing import ManualClock
 
 from ._workers import (
     is_,
@@ -57,23 +58,27 @@ async def test_a_live_lease_keeps_workers_off_and_an_expired_one_is_fenced(
 ) -> None:
     runs: list[str] = []
     agent = refund_agent(runs)
+    # Time moves when the test says: the stalled lease is live however long a loaded machine
+    # takes to start the worker and look (0.5 s of the wall clock was sometimes not enough).
+    clock = ManualClock(time.time())
     async with (
-        so.Runtime([agent], store=store_url, inline=False) as front,
-        so.Runtime([agent], store=store_url, inline=False, lease_ttl=2.0) as worker,
+        so.Runtime([agent], store=store_url, inline=False, clock=clock) as front,
+        so.Runtime([agent], store=store_url, inline=False, lease_ttl=2.0, clock=clock) as worker,
     ):
         r = await front.generate("support", prompt="Refund order 1042")
         sid = r.session_id
         # Another process claimed it first (and then stalled): its lease is live for 0.5 s.
-        ((got, token),) = await front.store.claim("stalled", 0.5, time.time(), 10)
+        ((got, token),) = await front.store.claim("stalled", 0.5, clock(), 10)
         assert got == sid
-        assert await front.store.claim("nobody", 10, time.time(), 10) == []
+        assert await front.store.claim("nobody", 10, clock(), 10) == []
         async with working(worker):
             await asyncio.sleep(0.25)
             assert await front.store.head(sid) == 2  # nobody ran the turn under the live lease
+            clock.advance(1.0)  # past the stalled lease's 0.5 s: it expires
             await until(lambda: is_(front, sid, "waiting"))  # taken over once it expired
         head = await front.store.head(sid)
         assert head is not None
-        late = Event(session_id=sid, seq=head + 1, type="turn.message", at=time.time(), data={})
+        late = Event(session_id=sid, seq=head + 1, type="turn.message", at=clock(), data={})
         with pytest.raises(LeaseLost):  # the stalled holder's token no longer writes
             await front.store.commit(
                 Commit(session_id=sid, expected_seq=head, events=[late], lease_token=token)
