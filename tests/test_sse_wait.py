@@ -40,8 +40,18 @@ async def test_an_idle_followed_stream_does_not_poll_a_notifying_store(
             async for message in event_stream_of(ctx, sid):
                 messages.append(message)
 
+        idle = asyncio.Event()
+        wait_for_change = rt.store.wait_for_change  # type: ignore[attr-defined]
+
+        async def waiting(*args: Any, **kwargs: Any) -> bool:
+            idle.set()
+            return bool(await wait_for_change(*args, **kwargs))
+
+        monkeypatch.setattr(rt.store, "wait_for_change", waiting)
         reader = asyncio.create_task(read())
-        await asyncio.sleep(1.0)  # caught up, and idle
+        # Caught up, and idle: in the store's wait, however long a loaded machine took to read
+        # the log (a fixed second counted the reads of a stream still catching up).
+        await asyncio.wait_for(idle.wait(), 10)
         counts: dict[str, int] = {}
         _counted(rt, counts, monkeypatch)
         await asyncio.sleep(1.0)
