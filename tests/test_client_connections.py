@@ -190,17 +190,15 @@ async def test_a_client_out_of_connections_says_so() -> None:
 
         async def held(writer: asyncio.StreamWriter) -> None:
             writer.write(stream(""))
-            while not canned.done.is_set():
-                writer.write(b": keep-alive\n\n")
-                await writer.drain()
-                # Well inside the client's 3 s read timeout even on a loaded machine (this loop
-                # serves all 100 streams and the client): a stream silent past it reconnects,
-                # and its connection is free for a moment. At 1 s, with a keep-alive every
-                # 50 ms, a CI run on a busy machine once saw one (the call got its 404).
-                await asyncio.sleep(0.2)
+            await canned.done.wait()
 
         canned.on(EVENTS, held)
-        async with AsyncClient(canned.base, timeout=3.0) as c:
+        # The streams read with a timeout no stall reaches, the call waits 1 s for a connection:
+        # this loop serves all 100 streams and the client, and on a loaded machine it stalled
+        # for up to 5 s, past a shared 3 s timeout (with keep-alives every 0.2 s): a stream
+        # reconnected, its connection free for a moment, and the call got its 404 (4 in 20).
+        async with AsyncClient(canned.base, timeout=60.0) as c:
+            c.http.timeout = httpx.Timeout(60.0, pool=1.0)
 
             async def follow() -> None:
                 async for _ in c.events("ses_x"):
