@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import anthropic
 import pytest
 
 import signoff as so
+from signoff.models import _provider
 
 from ._models import request, support_agent
 from ._models_anthropic import THOUGHT, fake, model, tool_use
@@ -87,7 +89,9 @@ async def test_a_bad_key_is_a_model_error(fake) -> None:
     assert isinstance(info.value.__cause__, anthropic.AuthenticationError)
 
 
-async def test_connection_refused_and_timeouts_are_model_errors(fake) -> None:
+async def test_connection_refused_and_timeouts_are_model_errors(
+    fake, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -98,16 +102,26 @@ async def test_connection_refused_and_timeouts_are_model_errors(fake) -> None:
             await m.complete(request())
     assert isinstance(info.value.__cause__, anthropic.APIConnectionError)
 
-    def slow(got: Received) -> Reply:
-        time.sleep(1.0)
+    # The SDK's own timeout, alone: the reply is held until the call has failed, and the call's
+    # bound (twice the timeout, from the call's start) is off. On a loaded machine the loop
+    # stalled past both between the call's start and its request going out, and the bound won:
+    # "gave up after 0.4 s" (the bound is tested below, where the SDK waits on).
+    monkeypatch.setattr(_provider, "call_bound", lambda client: None)
+    failed = threading.Event()
+
+    def held(got: Received) -> Reply:
+        failed.wait(10)
         return Reply(anthropic_message("late"))
 
-    fake.queue(slow)
+    fake.queue(held)
     async with so.models.Anthropic(
         "c", base_url=fake.base_url, api_key=API_KEY, max_retries=0, timeout=0.2
     ) as m:
-        with pytest.raises(so.ModelError, match="timed out") as timed_out:
-            await m.complete(request())
+        try:
+            with pytest.raises(so.ModelError, match="timed out") as timed_out:
+                await m.complete(request())
+        finally:
+            failed.set()
     assert isinstance(timed_out.value.__cause__, anthropic.APITimeoutError)
 
 

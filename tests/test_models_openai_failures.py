@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -13,6 +14,7 @@ import openai
 import pytest
 
 import signoff as so
+from signoff.models import _provider
 
 from ._models import request, support_agent
 from ._models_openai import fake, model
@@ -53,17 +55,29 @@ async def test_connection_refused_is_a_model_error() -> None:
     assert isinstance(info.value.__cause__, openai.APIConnectionError)
 
 
-async def test_a_slow_server_times_out_as_a_model_error(fake) -> None:
-    def slow(got: Received) -> Reply:
-        time.sleep(1.0)
+async def test_a_slow_server_times_out_as_a_model_error(
+    fake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The SDK's own timeout, alone: the reply is held until the call has failed, and the call's
+    # bound (twice the timeout, from the call's start) is off. On a loaded machine the loop
+    # stalled past both between the call's start and its request going out, and the bound won:
+    # "gave up after 0.4 s" (the bound is tested below, where the SDK reads on).
+    monkeypatch.setattr(_provider, "call_bound", lambda client: None)
+    failed = threading.Event()
+
+    def held(got: Received) -> Reply:
+        failed.wait(10)
         return Reply(openai_completion("late"))
 
-    fake.queue(slow)
+    fake.queue(held)
     async with so.models.OpenAIChat(
         "m", base_url=fake.base_url, api_key=API_KEY, max_retries=0, timeout=0.2
     ) as m:
-        with pytest.raises(so.ModelError, match="timed out") as info:
-            await m.complete(request())
+        try:
+            with pytest.raises(so.ModelError, match="timed out") as info:
+                await m.complete(request())
+        finally:
+            failed.set()
     assert isinstance(info.value.__cause__, openai.APITimeoutError)
 
 
