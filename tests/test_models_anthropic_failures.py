@@ -8,8 +8,10 @@ import socket
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import anthropic
+import httpx
 import pytest
 
 import signoff as so
@@ -125,17 +127,23 @@ async def test_connection_refused_and_timeouts_are_model_errors(
     assert isinstance(timed_out.value.__cause__, anthropic.APITimeoutError)
 
 
-async def test_a_long_retry_after_is_not_waited_for_longer_than_the_call_may_take(fake) -> None:
+async def test_a_long_retry_after_is_not_waited_for_longer_than_the_call_may_take(
+    fake, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The SDK waits as long as Retry-After says (up to 49 days; a wait past 120 s is not made at
     # all, test_models_retry_after.py): an overloaded API holding the turn, and its session,
     # for minutes. The call gives up at its bound, retryably.
     overloaded = {"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}
     fake.queue(Reply(overloaded, 529, {"retry-after": "100"}), anthropic_message("late"))
+    # The bound alone: the SDK's read timeout (60 s here) cannot end the first attempt, as at
+    # 0.3 s it did when a loaded machine held the fake's thread (the SDK retried, and the second
+    # reply came back). The bound is the one of timeout=0.3, max_retries=1.
+    monkeypatch.setattr(_provider, "call_bound", lambda client: 1.5)
     async with so.models.Anthropic(
-        "claude-haiku-4-5", base_url=fake.base_url, api_key=API_KEY, max_retries=1, timeout=0.3
+        "claude-haiku-4-5", base_url=fake.base_url, api_key=API_KEY, max_retries=1, timeout=60
     ) as m:
         started = time.monotonic()
-        with pytest.raises(so.ModelError, match=r"gave up after 1.5 s \(timeout=0.3, max_r"):
+        with pytest.raises(so.ModelError, match=r"gave up after 1.5 s \(timeout=60, max_r"):
             await m.complete(request())
     assert time.monotonic() - started < 10  # it gives up at 1.5 s, not the 100 s it was asked
     assert len(fake.received) == 1
@@ -419,3 +427,13 @@ async def test_a_server_echoing_the_key_does_not_get_it_recorded(
         assert "HTTP 401: authentication_error: [redacted]" in r.error["message"]
         logged = json.dumps([e.data for e in await rt.store.read_events(r.session_id)])
     assert API_KEY not in logged
+
+
+def test_the_bound_of_a_call() -> None:
+    """Twice the timeout per attempt and the timeout per wait between two: what the calls above
+    give up at (timeout=0.3: 0.6 s with no retry, 1.5 s with one), for any form of timeout."""
+    assert _provider.call_bound(SimpleNamespace(timeout=0.3, max_retries=0)) == pytest.approx(0.6)
+    assert _provider.call_bound(SimpleNamespace(timeout=0.3, max_retries=1)) == pytest.approx(1.5)
+    timeout = httpx.Timeout(0.3, read=2.0)
+    assert _provider.call_bound(SimpleNamespace(timeout=timeout, max_retries=0)) == 4.0
+    assert _provider.call_bound(SimpleNamespace(timeout=None, max_retries=0)) is None

@@ -81,15 +81,21 @@ async def test_a_slow_server_times_out_as_a_model_error(
     assert isinstance(info.value.__cause__, openai.APITimeoutError)
 
 
-async def test_a_server_that_trickles_its_answer_times_out_as_a_model_error(fake) -> None:
+async def test_a_server_that_trickles_its_answer_times_out_as_a_model_error(
+    fake, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Each byte comes in time for the SDK's read timeout, so without a bound on the whole call
     # the turn (and its session's lease) was held for as long as the server kept trickling.
+    # The bound alone: the SDK's read timeout (60 s here) cannot end the call first, as at
+    # 0.3 s it did when a loaded machine held the fake's thread between two bytes ("timed out").
+    # The bound is the one of timeout=0.3, max_retries=0 (test_the_bound_of_a_call).
+    monkeypatch.setattr(_provider, "call_bound", lambda client: 0.6)
     fake.queue(Reply(openai_completion("late " * 200), trickle=0.05))
     async with so.models.OpenAIChat(
-        "m", base_url=fake.base_url, api_key=API_KEY, max_retries=0, timeout=0.3
+        "m", base_url=fake.base_url, api_key=API_KEY, max_retries=0, timeout=60
     ) as m:
         started = time.monotonic()
-        with pytest.raises(so.ModelError, match=r"gave up after 0.6 s \(timeout=0.3, max_retr"):
+        with pytest.raises(so.ModelError, match=r"gave up after 0.6 s \(timeout=60, max_retr"):
             await m.complete(request())
     # The call gives up at 0.6 s; the trickle would take 50 s and more (a byte each 0.05 s).
     assert time.monotonic() - started < 10
