@@ -108,7 +108,7 @@ async def test_connection_refused_and_timeouts_are_model_errors(
     # bound (twice the timeout, from the call's start) is off. On a loaded machine the loop
     # stalled past both between the call's start and its request going out, and the bound won:
     # "gave up after 0.4 s" (the bound is tested below, where the SDK waits on).
-    monkeypatch.setattr(_provider, "call_bound", lambda client: None)
+    monkeypatch.setattr(_provider, "call_bound", lambda client, params=None: None)
     failed = threading.Event()
 
     def held(got: Received) -> Reply:
@@ -138,7 +138,7 @@ async def test_a_long_retry_after_is_not_waited_for_longer_than_the_call_may_tak
     # The bound alone: the SDK's read timeout (60 s here) cannot end the first attempt, as at
     # 0.3 s it did when a loaded machine held the fake's thread (the SDK retried, and the second
     # reply came back). The bound is the one of timeout=0.3, max_retries=1.
-    monkeypatch.setattr(_provider, "call_bound", lambda client: 1.5)
+    monkeypatch.setattr(_provider, "call_bound", lambda client, params=None: 1.5)
     async with so.models.Anthropic(
         "claude-haiku-4-5", base_url=fake.base_url, api_key=API_KEY, max_retries=1, timeout=60
     ) as m:
@@ -437,3 +437,11 @@ def test_the_bound_of_a_call() -> None:
     timeout = httpx.Timeout(0.3, read=2.0)
     assert _provider.call_bound(SimpleNamespace(timeout=timeout, max_retries=0)) == 4.0
     assert _provider.call_bound(SimpleNamespace(timeout=None, max_retries=0)) is None
+    # The SDK call's own timeout (`params`) in place of the client's; a wait left unbounded
+    # (None, or a part of a Timeout None) leaves the call unbounded.
+    client = SimpleNamespace(timeout=60.0, max_retries=0)
+    assert _provider.call_bound(client, {"timeout": 0.3}) == pytest.approx(0.6)
+    assert _provider.call_bound(client, {"timeout": None}) is None
+    assert _provider.call_bound(client, {"seed": 1}) == 120.0
+    unbounded = httpx.Timeout(None, connect=5.0)
+    assert _provider.call_bound(SimpleNamespace(timeout=unbounded, max_retries=2)) is None
