@@ -94,3 +94,58 @@ def test_a_hand_damaged_event_is_summarised_as_far_as_it_goes() -> None:
     assert of("turn.failed", {"error": 7}) == "7"
     assert of("turn.failed", {"error": None}) == "unknown error"
     assert of("turn.failed", {"error": {"code": "max_steps"}}) == "max_steps"
+
+
+def test_events_says_a_step_that_raised_raised(tmp_path: Path) -> None:
+    """A journaled step that raised was printed `pay step charge -> null`, the line of a step
+    that returned None: it records `error`, not `result`. It says what it raised now."""
+
+    @so.tool
+    async def pay(ctx: so.ToolContext) -> dict[str, Any]:
+        """Pay."""
+        looked = await ctx.step("lookup", lambda: None)
+
+        def charge() -> None:
+            raise RuntimeError("card declined")
+
+        try:
+            await ctx.step("charge", charge)
+        except RuntimeError as exc:
+            return {"lookup": looked, "charge_error": str(exc)}
+        return {}
+
+    async def session(url: str) -> str:
+        agent = scripted_agent(
+            "a", [call_tools(call("pay", call_id="c1")), reply("ok")], tools=[pay]
+        )
+        async with so.Runtime([agent], store=url) as rt:
+            return (await rt.generate("a", prompt="go")).session_id
+
+    url = f"sqlite:///{tmp_path}/s.db"
+    shown = CliRunner().invoke(app, ["events", asyncio.run(session(url)), "--store", url])
+    assert shown.exit_code == 0, shown.output
+    steps = [
+        line.split("tool.step", 1)[1].strip()
+        for line in shown.stdout.splitlines()
+        if "tool.step" in line
+    ]
+    assert steps == [
+        "pay step lookup -> null",
+        "pay step charge raised RuntimeError: card declined",
+    ]
+
+
+def test_a_failed_steps_line_is_cut_and_reads_a_damaged_error() -> None:
+    """A failure's message is cut as a failed call's is, and an `error` of another shape (a
+    hand-damaged log) is shown as far as it goes."""
+    from signoff.cli._events import _summary
+
+    def of(error: Any) -> str:
+        data = {"tool_name": "pay", "name": "charge", "error": error}
+        return _summary(so.Event(session_id="ses_1", seq=3, type="tool.step", at=0.0, data=data))
+
+    long = of({"type": "ValueError", "message": "x" * 500})
+    assert long == "pay step charge raised ValueError: " + "x" * 97 + "..."
+    assert of({"type": "KeyError", "message": ""}) == "pay step charge raised KeyError"
+    assert of("boom") == "pay step charge raised boom"
+    assert of({"message": "no type"}) == "pay step charge raised no type"

@@ -67,6 +67,22 @@ def test_a_damaged_events_row_says_what_it_can(
     assert _line(type_, **data) == line
 
 
+def test_a_step_that_raised_says_so_in_its_row() -> None:
+    """A journaled step's row named the tool and step alone, the same for one that raised (it
+    records `error` instead of `result`) as for one that returned: it says what it raised."""
+    assert _line("tool.step", tool_name="pay", name="lookup", result=None) == "pay lookup"
+    failed = {"type": "RuntimeError", "message": "card declined"}
+    assert _line("tool.step", tool_name="pay", name="charge", error=failed) == (
+        "pay charge raised RuntimeError: card declined"
+    )
+    assert _line("tool.step", tool_name="pay", name="charge", error={"type": "KeyError"}) == (
+        "pay charge raised KeyError"
+    )
+    assert _line("tool.step", tool_name="pay", name="charge", error="boom") == (
+        "pay charge raised boom"
+    )
+
+
 @so.tool(approval=so.always())
 async def deploy(version: str) -> str:
     """Deploy a version."""

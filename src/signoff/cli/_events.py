@@ -83,7 +83,7 @@ def _summary(event: Event, tools: Tools = None) -> str:
     if t == "tool.started":
         return str(d.get("tool_name"))
     if t == "tool.step":
-        return f"{d.get('tool_name')} step {d.get('name')} -> {compact_json(d.get('result'))}"
+        return _step(d)
     if t == "approval.candidate":
         return _candidate(d)
     if t == "tool.completed":
@@ -115,6 +115,20 @@ def _summary(event: Event, tools: Tools = None) -> str:
     if t == "turn.cancelled":
         return str(d.get("reason") or "")
     return ""
+
+
+def _step(d: Mapping[str, Any]) -> str:
+    """A journaled step: what it returned, or what it raised (its `error`, recorded instead of
+    a `result`: a step that raised read as one that returned None)."""
+    said = f"{d.get('tool_name')} step {d.get('name')}"
+    error = d.get("error")
+    if error is None:
+        return f"{said} -> {compact_json(d.get('result'))}"
+    kind = error.get("type") if isinstance(error, Mapping) else None
+    if not kind:  # a hand-damaged log's: whatever it holds
+        return f"{said} raised {clip(error_text(error))}"
+    message = error.get("message")
+    return f"{said} raised {kind}" + (f": {clip(str(message))}" if message else "")
 
 
 def _objects(d: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:

@@ -62,6 +62,17 @@ def _waiting(d: dict[str, Any], requests: dict[str, RequestState]) -> list[Part]
     return parts
 
 
+def _raised(error: object) -> list[Part]:
+    """What a journaled step that raised records instead of its result (`error`): its class and
+    message; nothing for a step that returned."""
+    if error is None:
+        return []
+    kind, message = _field(error, "type"), _field(error, "message")
+    if not kind:  # a damaged log's: whatever it holds
+        return [(" raised ", False), _said(message or error)]
+    return [(" raised ", False), _said(kind), *([(": ", False), _said(message)] if message else [])]
+
+
 def summary(e: Event, requests: dict[str, RequestState]) -> list[Part]:
     """A trace row's one line, in pieces: signoff's words, and what others wrote isolated."""
     d = e.data
@@ -91,7 +102,9 @@ def summary(e: Event, requests: dict[str, RequestState]) -> list[Part]:
     if t in ("tool.started", "tool.step"):
         step = d.get("name", "")
         parts = [_said(d.get("tool_name") or d.get("call_id", ""))]
-        return [*parts, (" ", False), _said(step)] if step else parts
+        if step:
+            parts += [(" ", False), _said(step)]
+        return parts + _raised(d.get("error")) if t == "tool.step" else parts
     if t == "tool.completed":
         return [_said(d.get("tool_name")), (f" → {d.get('status')}", False)]
     if t == "input.requested":
