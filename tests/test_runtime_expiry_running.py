@@ -204,3 +204,32 @@ async def test_a_listing_probes_a_turn_running_past_the_ttl_once(
         finally:
             go.set()
             assert (await turn).status == "completed"
+
+
+async def test_a_sweep_counts_no_expiry_for_a_turn_running_past_the_ttl(store_url: str) -> None:
+    """`rt.expire_due()` left a session whose turn a live drive runs on past the TTL alone, as
+    it should, but returned 1: it counted the lapsed sessions it looked at, not the expiries it
+    recorded. It counts none now; once no drive holds a turn past its TTL, the one it records."""
+    clock = ManualClock()
+    started, go = asyncio.Event(), asyncio.Event()
+    agent = slow_agent(started, go)
+    async with (
+        so.Runtime([agent], store=store_url, clock=clock, lease_ttl=600) as rt,
+        so.Runtime([agent], store=store_url, clock=clock, lease_ttl=600) as sweeper,
+    ):
+        turn = asyncio.create_task(rt.generate("a", prompt="hi"))
+        try:
+            await started.wait()
+            clock.advance(61)
+            assert await sweeper.expire_due() == 0
+            assert await rt.expire_due() == 0
+        finally:
+            go.set()
+            assert (await turn).status == "completed"
+    async with so.Runtime([agent], store=store_url, clock=clock, inline=False, lease_ttl=600) as rt:
+        r = await rt.generate("a", prompt="hi")
+        assert r.status == "running"  # left for a worker, which never comes
+        clock.advance(61)
+        assert await rt.expire_due() == 1
+        assert (await rt.state(r.session_id)).status == "failed"
+        assert await rt.expire_due() == 0

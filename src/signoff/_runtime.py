@@ -176,6 +176,7 @@ class Runtime(Cancelling):
         extra: Sequence[EventSpec] = (),
         *,
         span: DriveSpan | None = None,
+        expired: list[bool] | None = None,
     ) -> NoReturn:
         kids = _child_sessions.awaited(state)  # before: recording the expiry moves `state` on
         # A parent's subagents are cancelled first and what they spent is counted in the same
@@ -184,7 +185,7 @@ class Runtime(Cancelling):
         if kids:  # recorded on the parent as it is now, whatever cancelling them appended
             state = await self._state(state.id)
         try:
-            await super()._record_expiry(state, lease, [*extra, *spent], span=span)
+            await super()._record_expiry(state, lease, [*extra, *spent], span=span, expired=expired)
         except SessionExpired:
             # A subagent's session expired: its parent's delegate call goes on without it.
             await _child_sessions.after_close(self, state)

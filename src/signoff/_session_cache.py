@@ -309,13 +309,15 @@ class SessionCache(Closing):
         span: DriveSpan | None = None,
         applied: list[bool] | None = None,
         here: bool = False,
+        expired: list[bool] | None = None,
     ) -> SessionState:
         """The session's state with its lapsed TTL and passed deadlines applied; `lease` is the
         caller's lease on it (owner and token), if any, and `head` the session's head when it
         was granted. `trust_cache` skips the store's head when nothing is due on the cached
         state: a stale cache makes the caller's append conflict instead. `probes`: see
         `_busy`. `span`: the caller's drive's, which an expiry names (`_expire`). `applied` is
-        given True when this call recorded passed deadlines (which may make the turn runnable).
+        given True when this call recorded passed deadlines (which may make the turn runnable),
+        `expired` True when it recorded the session's expiry (then raising `SessionExpired`).
         `here`: those are recorded only where this runtime has the session's agent, else
         `UnknownAgent`, nothing recorded (a turn one resumed would have no one to drive it)."""
         check_session_id(session_id)
@@ -325,7 +327,7 @@ class SessionCache(Closing):
             return cached
         state = await self._state_at(session_id, head)
         if state.expired(now):
-            await self._expire(state, lease, probes, span=span)
+            await self._expire(state, lease, probes, span=span, expired=expired)
         if due_batch(state, now) is not None:
             if here:
                 self.agent(state.agent)
@@ -347,6 +349,7 @@ class SessionCache(Closing):
         probes: dict[str, bool] | None = None,
         *,
         span: DriveSpan | None = None,
+        expired: list[bool] | None = None,
     ) -> None:
         """Record that the session's TTL passed (`_record_expiry`) and raise `SessionExpired`;
         unless a live drive, not the caller's, runs its turn on (`_running_on`): the session is
@@ -354,7 +357,7 @@ class SessionCache(Closing):
         as with any running turn. The caller's own `lease` fences the record instead."""
         if lease is None and await self._running_on(state, probes):
             return
-        await self._record_expiry(state, lease, span=span)
+        await self._record_expiry(state, lease, span=span, expired=expired)
 
     async def _record_expiry(
         self,
@@ -363,11 +366,13 @@ class SessionCache(Closing):
         extra: Sequence[EventSpec] = (),
         *,
         span: DriveSpan | None = None,
+        expired: list[bool] | None = None,
     ) -> NoReturn:
         """Record that the session's TTL passed (its open requests expire, its unfinished turn
         fails), with `extra` in the same commit, then raise `SessionExpired`. A drive's `span`
         names the turn as it found it and says how the expiry left it, as a drive that runs the
-        turn does (docs/tracing.md); that drive, once it recorded it, is counted failed."""
+        turn does (docs/tracing.md); that drive, once it recorded it, is counted failed.
+        `expired` is given True when this recorded it (not when another had, or took it over)."""
         pending = state.pending_requests()
         specs = expiry_specs(state)
         if span is not None:
@@ -379,6 +384,8 @@ class SessionCache(Closing):
             with contextlib.suppress(Exception):  # LeaseLost: another drive took it over
                 await driver.record([*specs, *extra], resolve=expiry_resolves(state))
                 left = driver.state
+                if expired is not None:
+                    expired.append(True)
             if span is not None and left is not None:
                 self._counts.drove(failed=True)
             self._cache.pop(state.id, None)

@@ -150,7 +150,9 @@ class Sweeps(Messages):
         runtime that drives its own turns, it also goes on with the turns an earlier sweep or
         listing recorded deadlines of but never finished driving (its process died first).
 
-        Run it periodically (a worker does); returns how many sessions it touched.
+        Run it periodically (a worker does); returns how many sessions it touched: it recorded
+        their deadlines or expiry, cancelled them as orphaned subagents, or went on with their
+        turns (not one it only looked at, such as a turn a live drive runs on past its TTL).
         """
         await self.open()
         now = self.now()
@@ -306,16 +308,18 @@ class Sweeps(Messages):
         self, rows: Sequence[SessionSummary], now: float, probes: dict[str, bool] | None = None
     ) -> int:
         """Record the expiry of the sessions of `rows` (of agents this runtime has) whose TTL
-        passed with their turn unfinished; returns how many there were. `probes`: see `_busy`."""
+        passed with their turn unfinished; returns how many it recorded (not one a live drive
+        runs on past its TTL, nor one another process recorded first). `probes`: see `_busy`."""
         ids = [r.id for r in rows if is_lapsed(r, now) and r.agent in self.agents]
+        recorded: list[bool] = []
         for sid in ids:
             with (
                 contextlib.suppress(SessionExpired),
                 one_of_many(log, sid, "its expiry not recorded"),
                 parents_left_to_holders(),
             ):
-                await self._checked(sid, probes=probes)
-        return len(ids)
+                await self._checked(sid, probes=probes, expired=recorded)
+        return len(recorded)
 
     async def _apply_deadlines(self, due: Sequence[InputRequest], *, listing: bool = False) -> int:
         """Record the passed deadlines of the sessions of `due` that this runtime runs, and go
