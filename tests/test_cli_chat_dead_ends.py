@@ -1,6 +1,6 @@
 """`signoff chat` (`_chat`) offers nothing that could only fail: a `--session` past its TTL is
 refused before anything is printed, a mirror whose delegate tool a deploy took away is not
-asked (`delegate_gone`, as the dashboard judges it), nor is the requester four eyes bars from
+asked (`tool_gone`, as the dashboard judges it), nor is the requester four eyes bars from
 their own call, and a request left pending in a store of this process's memory is said to be
 lost, not to be answered later by a command."""
 
@@ -149,7 +149,7 @@ def test_an_answer_refused_for_a_gone_delegate_tool_does_not_end_chat_with_an_er
     async def there(*_: object) -> None:
         return None
 
-    monkeypatch.setattr("signoff.cli._chat.delegate_gone", there, raising=False)
+    monkeypatch.setattr("signoff.cli._chat.tool_gone", there)
     chat = _chat_gone(url, r.session_id)
     assert chat.exit_code == 1, chat.output
     assert chat.stderr == "", chat.stderr

@@ -23,7 +23,12 @@ from ._server_api import error
 from ._subagents import ALICE, Counted, refund_agents
 from .test_subagents_missing import MIRROR_ANSWERS, _answering_the_mirror
 
-GONE = "unknown tool 'billing'; available: billing_agent"
+GONE = (
+    "unknown tool 'billing': it was removed from the agent (or renamed) after this call started, "
+    "so the call cannot finish; what the call did before that (the steps it recorded) ran and is "
+    "not undone; available: billing_agent"
+)
+"""What the model reads of a delegate call its tool went from after it started: its child ran."""
 
 
 U = so.Usage(input_tokens=100, output_tokens=10)  # each model call the child makes

@@ -12,7 +12,13 @@ from ._agent import StandIn
 from ._answer_refusals import AnswerRefusals
 from ._answer_sizes import check_all_answered, check_bounds, check_count
 from ._answers import Reply as _Reply
-from ._answers import check_decided, check_delegate_tools, check_principal, input_responses
+from ._answers import (
+    check_asking_tools,
+    check_decided,
+    check_delegate_tools,
+    check_principal,
+    input_responses,
+)
 from ._answers import repeat as _repeat
 from ._answers import resolution as _resolution
 from ._answers import settlement_events as _settlement_events
@@ -248,12 +254,13 @@ class Answering(AnswerRefusals):
             # Its turn goes on only where its agent is: refused next, nothing stored (an answer
             # to a mirror too, settled in the subagent's session before its parent is driven).
             agent = self.agent(state.agent)
-            # And so only where its agent still has the delegate tool a mirror's call ran, not
-            # told by an agent standing in for one the process lacks (the command line's),
-            # whose tools are not the real one's.
+            # And so only where its agent still has the delegate tool a mirror's call ran, or
+            # the tool whose call asked a question, not told by an agent standing in for one
+            # the process lacks (the command line's), whose tools are not the real one's.
             if not isinstance(agent.model, StandIn):
                 asked = [reply for reply in answers if reply.request_id in state.requests]
                 check_delegate_tools(state, delegate_tools(agent.tools), asked)
+                check_asking_tools(state, agent.tools, asked)  # a question a body asked too
             if only_approvals:  # before routing: a mirror has the kind of the child's request
                 for reply in answers:
                     live = state.requests.get(reply.request_id)

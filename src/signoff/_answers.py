@@ -39,6 +39,7 @@ __all__ = [
     "approved_on_timeout",
     "blank_identity",
     "check_decided",
+    "check_asking_tools",
     "check_delegate_tools",
     "check_principal",
     "checked_cancel",
@@ -254,6 +255,31 @@ def check_delegate_tools(
             "with the call, so the "
             f"answer would not be acted on; answer {ref.agent}'s request {ref.request_id} in "
             f"its session {ref.session_id!r} directly, or cancel session {state.id!r}"
+        )
+
+
+def check_asking_tools(state: SessionState, tools: Iterable[str], answers: Iterable[Reply]) -> None:
+    """`UnknownTool` for an answer to a question a call's own body asked (`ctx.ask`) whose tool
+    the session's agent (its `tools`, by name) no longer has since the call started (a deploy
+    renamed or removed it): nothing would run the body on to take the answer, and the call ends
+    without it, after the steps it recorded ran. Refused first instead, nothing recorded, as an
+    answer through a delegate call whose tool is gone is (`check_delegate_tools`)."""
+    known = list(tools)
+    turn = state.turn
+    for answer in answers:
+        live = state.requests.get(answer.request_id)
+        if turn is None or live is None or live.status != "pending":
+            continue
+        request = live.request
+        call = turn.calls.get(request.call_id or "") if request.source == "ask" else None
+        if call is None or call.tool_name in known:
+            continue
+        has = ", ".join(known) or "none"
+        raise UnknownTool(
+            f"unknown tool {call.tool_name!r}: request {answer.request_id} was asked by call "
+            f"{call.id} of session {state.id!r}, whose agent {state.agent!r} no longer has that "
+            f"tool (its tools: {has}): nothing would go on with the call, so the answer would "
+            f"not be acted on; deploy the tool again to answer it, or cancel session {state.id!r}"
         )
 
 

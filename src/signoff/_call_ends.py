@@ -205,12 +205,21 @@ class CallEnds(DriverPart):
             result = wrapped
         await self.end_call(key, journal, [tool_result(call, "ok", result)])
 
-    def unknown_tool(self, name: str) -> dict[str, Any]:
-        """The result of a call of a tool the agent does not have."""
+    def unknown_tool(self, name: str, *, started: bool = False) -> dict[str, Any]:
+        """The result of a call of a tool the agent does not have; one whose body had `started`
+        (its tool removed since) says so, and that what it did ran: the model would otherwise
+        take it for a call that did nothing, and do that work again with another tool."""
         known = ", ".join(self.agent.tools) or "none"
         # Cut: the model reads the result on every later call, and a name it made up has no bound
         # but the response's.
-        return {"error": f"unknown tool {cut(name, 100)!r}; available: {known}"}
+        said = f"unknown tool {cut(name, 100)!r}"
+        if started:
+            said += (
+                ": it was removed from the agent (or renamed) after this call started, so the "
+                "call cannot finish; what the call did before that (the steps it recorded) ran "
+                "and is not undone"
+            )
+        return {"error": f"{said}; available: {known}"}
 
     def gone(self, call: CallState, tool: Tool | None) -> dict[str, Any] | None:
         """The result of `call` if its tool is gone from the agent since it started (a deploy
@@ -218,7 +227,10 @@ class CallEnds(DriverPart):
         plain tool of its name now: run, its body would meet the child's step, a ReplayError,
         the child's approved work never done); None if it may run."""
         if tool is None:
-            return self.unknown_tool(call.tool_name)
+            # Its body began (`tool.started`), or journaled a step or question: not an approved
+            # call that never ran, of which "unknown tool" alone says all.
+            started = call.idempotency_key is not None or call.journaled
+            return self.unknown_tool(call.tool_name, started=started)
         if call.subagents() and not is_delegate(tool):
             name = cut(call.tool_name, 100)
             return {"error": f"tool {name!r} is no longer the delegate tool this call started"}

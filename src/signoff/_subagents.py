@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Protocol, runtime_ch
 
 from pydantic import AfterValidator, Field
 
-from ._agent import unpriced
-from ._answers import Reply, check_delegate_tools, check_text
+from ._agent import StandIn, unpriced
+from ._answers import Reply, check_asking_tools, check_delegate_tools, check_text
 from ._cancellation import cancelled_by
 from ._child_sessions import CHILD_KEY, cancel_orphan, child_id
 from ._exceptions import (
@@ -57,11 +57,11 @@ __all__ = [
     "RuntimeHost",
     "SubagentFailed",
     "delegate",
-    "delegate_gone",
     "delegate_tools",
     "is_delegate",
     "missing_targets",
     "sweep_orphans",
+    "tool_gone",
     "unpriced_delegates",
 ]
 
@@ -144,23 +144,31 @@ def delegate_tools(tools: Mapping[str, Tool]) -> list[str]:
     return [name for name, tool in tools.items() if is_delegate(tool)]
 
 
-async def delegate_gone(rt: Runtime, way: Sequence[InputRequest]) -> tuple[str, ChildRef] | None:
-    """Why an answer through the mirrors of `way` (`deciding_way`) is refused `UnknownTool`, as
-    the runtime judges each (`check_delegate_tools`: a parent's agent no longer has the delegate
-    tool its call ran), and the subagent's request that can still be answered; reads only, so a
-    dashboard card or a chat prompt offers no answer that could only fail."""
-    for mirror in way[:-1]:
+async def tool_gone(rt: Runtime, way: Sequence[InputRequest]) -> tuple[str, ChildRef | None] | None:
+    """Why an answer through `way` (`deciding_way`: the mirrors down to the request answered) is
+    refused `UnknownTool`, as the runtime judges each: a parent's agent no longer has the
+    delegate tool its call ran (`check_delegate_tools`), with the subagent's request that can
+    still be answered; or the agent of the request itself no longer has the tool whose call
+    asked it (`check_asking_tools`), with none. Reads only, so a dashboard card or a chat
+    prompt offers no answer that could only fail."""
+    for request in way:
+        if request.child is None and request.source != "ask":
+            continue  # asked by no call's body (an approval): nothing to judge, nothing read
         try:
-            state = await rt._state(mirror.session_id)
+            state = await rt._state(request.session_id)
         except UnknownSession:
             continue  # deleted since
         agent = rt.agents.get(state.agent)
-        if agent is None or mirror.child is None:
-            continue  # refused as `UnknownAgent` instead
+        if agent is None or isinstance(agent.model, StandIn):
+            continue  # refused as `UnknownAgent` instead, or judged by no real agent's tools
+        reply = [Reply(request.id, None, None)]
         try:
-            check_delegate_tools(state, delegate_tools(agent.tools), [Reply(mirror.id, None, None)])
+            if request.child is None:
+                check_asking_tools(state, agent.tools, reply)
+            else:
+                check_delegate_tools(state, delegate_tools(agent.tools), reply)
         except UnknownTool as exc:
-            return str(exc), mirror.child
+            return str(exc), request.child
     return None
 
 

@@ -26,7 +26,7 @@ from .._prompts import check_prompt
 from .._results import GenerateResult
 from .._runtime import Runtime
 from .._state import SessionState, starts_queued, turn_over
-from .._subagents import delegate_gone
+from .._subagents import tool_gone
 from .._text import is_blank
 from .._types import InputRequest, InputResponse, Principal
 from ..channels.terminal import TerminalChannel, printable
@@ -285,13 +285,14 @@ class _Chat:
 
     async def cannot_answer(self, request: InputRequest) -> str | None:
         """Why no answer to `request` given here could be taken, for one who may answer it: a
-        mirror whose delegate tool a deploy took from its parent's agent (`delegate_gone`, as
-        the dashboard shows it instead of its buttons). One who may not is asked as before, and
-        told `NotAllowed` with the command the asker runs."""
+        mirror whose delegate tool a deploy took from its parent's agent, or a question whose
+        asking call's tool it took (`tool_gone`, as the dashboard shows it instead of its
+        buttons). One who may not is asked as before, and told `NotAllowed` with the command
+        the asker runs."""
         rt = self.runtime
         if await refusal(rt.agents, rt.store, request, self.principal) is not None:
             return None
-        gone = await delegate_gone(rt, await deciding_way(rt.store, request))
+        gone = await tool_gone(rt, await deciding_way(rt.store, request))
         return None if gone is None else gone[0]
 
     async def follow(self, result: GenerateResult) -> bool:
@@ -379,7 +380,7 @@ class _Chat:
                     self.console.print(f"[dim]{printable(hint)}[/]")
                 self.refused = True
                 return False
-            except UnknownTool as exc:  # a deploy took the delegate tool since `cannot_answer`
+            except UnknownTool as exc:  # a deploy took the tool since `cannot_answer`
                 self.console.print(f"[red]{type(exc).__name__}: {printable(str(exc))}[/]")
                 answered.discard(request.id)
                 unanswerable.add(request.id)

@@ -18,7 +18,7 @@ from .._events import EVENT_TYPES, Event
 from .._exceptions import UnknownRequest, UnknownSession
 from .._mirrors import deciding_way, named_as_answered
 from .._state import SessionState
-from .._subagents import delegate_gone
+from .._subagents import tool_gone
 from .._trace_content import shown_data
 from .._types import ChildRef, InputRequest, Principal
 from ..models import Scripted
@@ -260,10 +260,11 @@ async def _refusals(
 ) -> tuple[dict[str, str], dict[str, ChildRef]]:
     """Per request the viewer may see but not answer (another's question, their own call that
     needs someone else, one of a session whose agent this server does not run, a mirror whose
-    delegate tool a deploy took away), why: its card offers no buttons that could only fail. A
-    mirror's is judged on the request it stands for (the last of its `deciding_way`) and names
-    the mirror, as an answer's refusal does. Second, for a mirror refused for its delegate
-    tool, the subagent's request to answer directly, if the viewer may see its session."""
+    delegate tool a deploy took away, a question whose asking call's tool it took away), why:
+    its card offers no buttons that could only fail. A mirror's is judged on the request it
+    stands for (the last of its `deciding_way`) and names the mirror, as an answer's refusal
+    does. Second, for a mirror refused for its delegate tool, the subagent's request to answer
+    directly, if the viewer may see its session."""
     out: dict[str, str] = {}
     answer_in: dict[str, ChildRef] = {}
     rt = ctx.runtime
@@ -280,9 +281,11 @@ async def _refusals(
         if lacking is not None:
             out[rid] = _elsewhere(rid, lacking)
             continue
-        gone = await delegate_gone(rt, way)
+        gone = await tool_gone(rt, way)
         if gone is not None:
             out[rid], ref = gone
+            if ref is None:  # a question whose tool is gone: no other request to answer
+                continue
             try:
                 await ctx.session(ref.session_id, viewer)
             except UnknownSession:
