@@ -12,6 +12,7 @@ import pytest
 
 import signoff as so
 from signoff._types import MAX_OPTIONS
+from signoff.cli._app import NoModel
 from signoff.testing import (
     Capture,
     call,
@@ -208,8 +209,10 @@ async def test_an_answer_over_a_custom_asks_result_bound_is_refused(store_url: s
 
 
 def _record_only(name: str, store_url: str) -> so.Runtime:
-    """A runtime without the asking tool, as `signoff answer REQ --store URL` settles through."""
-    return so.Runtime([scripted_agent(name, [])], store=store_url)
+    """A runtime without the asking tool, as `signoff answer REQ --store URL` settles through:
+    its agent stands in for the real one (`NoModel`), whose tools it does not know, so an
+    answer is not refused as asked by a tool a deploy removed."""
+    return so.Runtime([so.Agent(name=name, model=NoModel(name))], store=store_url)
 
 
 @so.tool(max_result_bytes=500)
