@@ -57,6 +57,20 @@ def test_verify_webhook_rejects_what_it_should() -> None:
         verify_webhook("", good, body)
 
 
+def test_verify_webhook_refuses_a_body_that_is_not_raw_bytes_or_text() -> None:
+    """Parsed JSON passed as the body (`request.json`, the natural mistake) raised a bare
+    TypeError about integers, and an int made `bytes(n)` allocate n bytes first: each is a
+    `UsageError` saying to pass the raw body. Bytes in any buffer form still verify."""
+    stamp = 1_700_000_000
+    body = b'{"id": "whd_1", "type": "request.opened"}'
+    good = {"Signoff-Timestamp": str(stamp), "Signoff-Signature": sign_webhook(SECRET, stamp, body)}
+    for wrong in ({"id": "whd_1"}, None, [1], 10**12):
+        with pytest.raises(so.UsageError, match="raw bytes .*not parsed JSON"):
+            verify_webhook(SECRET, good, wrong, now=stamp)  # type: ignore[arg-type]
+    for same in (bytearray(body), memoryview(body), body.decode()):
+        assert verify_webhook(SECRET, good, same, now=stamp)["id"] == "whd_1"  # type: ignore[arg-type]
+
+
 def test_verify_webhook_refuses_non_ascii_headers_by_name() -> None:
     """A forged signature or timestamp with non-ASCII characters is an `InvalidSignature`, not a
     TypeError from `hmac.compare_digest` (a 500 in the receiver)."""

@@ -257,6 +257,42 @@ async def test_a_warning_that_fails_holds_back_no_round_of_redelivery(
         assert types == ["request.opened"] * 2 + ["request.expiring"] * 2
 
 
+async def test_a_warning_given_up_on_is_not_sent_once_its_deadline_passed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A warning given up on while its receiver was down was sent again by a later round after
+    the request's deadline passed, as long as no sweep had recorded the expiry (the request still
+    `pending` with that deadline): "expires in 200 s" of a request 200 s past it. Dropped now,
+    as one whose request closed is."""
+    clock = ManualClock()
+    async with (
+        Receiver([204, 500]) as receiver,  # the opening taken; the warning's one attempt fails
+        so.Runtime(
+            [refund_agent(expires_in=600)], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock
+        ) as rt,
+    ):
+        hooks = WebhookChannel(
+            receiver.url, SECRET, expiring_within=300, clock=clock, max_attempts=1, sleep=_instantly
+        )
+        async with manual(ChannelHub(rt, [hooks], state=tmp_path / "hub.db", clock=clock)) as hub:
+            r = await rt.generate("support", prompt="Refund 1042")
+            await hub.poll()
+            await hooks.drain()
+            clock.advance(400)  # within 300 s of the deadline: warned, and given up on
+            await hub.poll()
+            await hooks.drain()
+            clock.advance(400)  # the deadline passed 200 s ago, unrecorded; the receiver is back
+            monkeypatch.setattr(given_up, "REDO_EVERY", 0.0)
+            for _ in range(3):
+                await hub.poll()
+                await hooks.drain()
+            (req,) = r.pending
+            stored = await rt.store.get_request(req.id)
+            assert stored is not None and stored.status == "pending"  # nothing recorded it
+        sent = [json.loads(b)["type"] for _, b in receiver.attempts]
+        assert sent == ["request.opened", "request.expiring"]  # the one failed attempt, no more
+
+
 @pytest.mark.parametrize("sent_by", ["round", "restart"])
 async def test_a_warning_given_up_on_is_not_sent_after_its_request_closed(
     store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sent_by: str

@@ -94,6 +94,12 @@ def verify_webhook(
     seconds("tolerance", tolerance, zero=True)
     if now is not None and not finite(now):  # a str or 10**400 made math.isfinite raise
         raise UsageError(f"now must be a finite Unix time, not {shown_value(now)}")
+    if not isinstance(body, str | bytes | bytearray | memoryview):
+        # Parsed JSON (`request.json`) is the natural mistake; an int made `bytes(n)` allocate.
+        raise UsageError(
+            "verify_webhook(): body must be the request's raw bytes (or text), not "
+            f"{type(body).__name__}: pass what `await request.body()` returns, not parsed JSON"
+        )
     try:
         raw = body.encode() if isinstance(body, str) else bytes(body)
     except UnicodeEncodeError:  # text decoded from invalid UTF-8: the bytes signed are gone

@@ -155,7 +155,8 @@ async def _still_expiring(channel: WebhookChannel, request: InputRequest) -> boo
 
 async def still_due(channel: WebhookChannel, raw: bytes) -> bool:
     """Whether the `request.expiring` body `raw` may still be sent: its request is open with
-    the deadline it warns of, as stored now. A store that fails, or a body that does not name
+    the deadline it warns of, as stored now, and that deadline is still ahead (one passed and
+    not yet recorded is no warning any more). A store that fails, or a body that does not name
     its request and deadline, sends it: it was due when it was queued."""
     if channel._runtime is None:
         return True
@@ -174,4 +175,6 @@ async def still_due(channel: WebhookChannel, raw: bytes) -> bool:
         stored is not None
         and stored.status == "pending"
         and stored.request.expires_at == expires_at
+        and isinstance(expires_at, int | float)
+        and channel._runtime.now() < expires_at
     )
