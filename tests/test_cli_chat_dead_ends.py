@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import Any
 
 import pytest
@@ -46,8 +47,14 @@ async def deploy(service: str) -> str:
     return "live"
 
 
+def _after_deploy(conversation: list[so.Message]) -> so.ModelResponse:
+    """Deployed, unless the person said something since the prompt: the model read it."""
+    said = [m.text for m in conversation if isinstance(m, so.UserMessage)]
+    return reply("deployed" if said == ["deploy api"] else f"read: {said[-1]}")
+
+
 ops = scripted_agent(
-    "ops", [call_tools(call("deploy", service="api")), reply("deployed")], tools=[deploy]
+    "ops", [call_tools(call("deploy", service="api")), _after_deploy], tools=[deploy]
 )
 
 
@@ -168,14 +175,15 @@ def test_a_request_left_in_a_store_of_this_process_is_said_to_be_lost(url: str) 
         assert ":memory:`" not in chat.output and "--session" not in chat.output
 
 
-@pytest.mark.parametrize("typed", ["y", "n"])
+@pytest.mark.parametrize("typed", ["/exit\n", ""])
 def test_the_requester_of_a_four_eyes_call_is_not_asked_it(url: str, typed: str) -> None:
     """Alice's own call needs someone else (`exclude_requester=True`): chat asked her `(y/N)`,
     refused either answer (`NotAllowed`) and exited 1, the rest of what she typed unread. It
-    says someone else must approve it and leaves it to them, as it does a quorum she voted in
-    (exit 0); nothing is recorded, and Bob's approval runs the call."""
+    says someone else must approve it and that a message of hers withdraws it; `/exit` or the
+    end of input leaves it to them, as a quorum she voted in (exit 0); nothing is recorded,
+    and Bob's approval runs the call."""
     args = ["chat", "tests.test_cli_chat_dead_ends:four_eyes", "--store", url]
-    chat = CliRunner().invoke(app, [*args, "--as", "okta:alice"], input=f"deploy api\n{typed}\n")
+    chat = CliRunner().invoke(app, [*args, "--as", "okta:alice"], input=f"deploy api\n{typed}")
     assert chat.exit_code == 0, chat.output
     assert chat.stderr == "", chat.stderr
     assert "(y/N)" not in chat.output and "NotAllowed" not in chat.output, chat.output
@@ -184,12 +192,50 @@ def test_the_requester_of_a_four_eyes_call_is_not_asked_it(url: str, typed: str)
     assert row["approved_by"] == [] and f"session {sid}\n" in chat.output, chat.output
     said = f"request {rid}: the requester may not approve or deny their own call: someone else"
     assert said in chat.output, chat.output
+    assert "type a message to withdraw it and steer the turn, or /exit" in chat.output
     assert f"the turn waits for other people to answer {rid}; " in chat.output
     assert f"--session {sid}` continues it later" in chat.output
     before = asyncio.run(_contents(url, sid))
-    again = CliRunner().invoke(app, [*args, "--as", "okta:alice", "--session", sid], input="y\n")
+    again = CliRunner().invoke(app, [*args, "--as", "okta:alice", "--session", sid], input=typed)
     assert again.exit_code == 0 and "(y/N)" not in again.output, again.output
+    assert f"the turn waits for other people to answer {rid}; " in again.output
     assert asyncio.run(_contents(url, sid)) == before  # her chats recorded nothing
     bob = CliRunner().invoke(app, [*args, "--as", "okta:bob", "--session", sid], input="y\n")
     assert bob.exit_code == 0, bob.output
     assert "ops: deployed" in bob.output, bob.output
+
+
+async def _request(url: str, rid: str) -> Any:
+    async with so.Runtime([], store=url) as rt:
+        return await rt.store.get_request(rid)
+
+
+@pytest.mark.parametrize(("resumed", "approving"), [(False, False), (True, False), (False, True)])
+def test_a_message_from_the_requester_withdraws_their_four_eyes_call(
+    url: str, resumed: bool, approving: bool
+) -> None:
+    """Told that a message of hers withdraws her four-eyes call, Alice could send none: chat
+    left at once, `chat --session` too, and no command sends a message. What she types is now
+    sent (`send`): the call is withdrawn (`ignored`, never run) and the model reads it (exit
+    0). The option `approve` is her approve, refused `NotAllowed`, and chat reads on (exit 1:
+    it was not carried out)."""
+    args = ["chat", "tests.test_cli_chat_dead_ends:four_eyes", "--store", url, "--as", "okta:alice"]
+    typed = ("approve\n" if approving else "") + "no, do not deploy\n"
+    if resumed:
+        first = CliRunner().invoke(app, args, input="deploy api\n")
+        assert first.exit_code == 0, first.output
+        (row,) = json.loads(invoke("pending", "--store", url, "--json").stdout)
+        chat = CliRunner().invoke(app, [*args, "--session", row["session_id"]], input=typed)
+    else:
+        chat = CliRunner().invoke(app, args, input=f"deploy api\n{typed}")
+    assert chat.exit_code == (1 if approving else 0), chat.output
+    assert chat.stderr == "", chat.stderr
+    (rid,) = set(re.findall(r"request (req_\w+): the requester may not", chat.output))
+    refused = f"NotAllowed: request {rid}: the requester may not approve their own call"
+    assert (refused in chat.output) == approving, chat.output
+    assert "type a message to withdraw it and steer the turn" in chat.output, chat.output
+    assert "ops: read: no, do not deploy" in chat.output, chat.output
+    assert "waits for other people" not in chat.output, chat.output
+    assert json.loads(invoke("pending", "--store", url, "--json").stdout) == []
+    stored = asyncio.run(_request(url, rid))
+    assert (stored.status, stored.resolution["outcome"]) == ("withdrawn", "ignored")

@@ -29,6 +29,7 @@ from .._state import SessionState, starts_queued, turn_over
 from .._subagents import tool_gone
 from .._text import is_blank
 from .._types import InputRequest, InputResponse, Principal
+from ..channels._base import QUEUED_NOTE
 from ..channels.terminal import TerminalChannel, printable
 from ..models import Scripted
 from ..stores import SQLiteStore
@@ -283,6 +284,57 @@ class _Chat:
         refused = await refusal(rt.agents, rt.store, request, self.principal)
         return None if refused is None else f"{refused}: someone else must approve it"
 
+    def say_waiting(self, session_id: str, others: list[str], *, start: str = "") -> None:
+        """Say that the turn, left here, waits for other people to answer `others`, and where
+        it goes on: `chat --session`, unless the store is this process's memory."""
+        later = (
+            "its store is this process's memory (sqlite:///:memory:): it is lost when chat exits"
+            if self.in_memory
+            else f"`signoff chat ... --session {session_id}` continues it later"
+        )
+        self.console.print(
+            f"{start}[yellow]the turn waits for other people to answer {', '.join(others)}[/]; "
+            + later
+        )
+
+    async def steer_past(self, session_id: str, others: list[str]) -> GenerateResult | None:
+        """Read a message from the requester four eyes bars from their own call, which the turn
+        waits on: sent (`Runtime.send`, as any surface sends one), it withdraws what the turn
+        waits on and the model reads it. None if they leave it waiting (`/exit` or Ctrl-D)."""
+        it = "it" if len(others) == 1 else "them"
+        self.console.print(
+            f"[dim]type a message to withdraw {it} and steer the turn, or /exit to leave "
+            f"{it} waiting[/]"
+        )
+        while True:
+            with ctrl_c_interrupts():
+                line = self.channel.read_message()
+            if line is None or line in _LEAVE:
+                self.say_waiting(session_id, others, start="" if line else "\n")
+                return None
+            if is_blank(line):
+                continue
+            if line == "/help":
+                self.console.print(_HELP)
+                continue
+            if line == "/retry":  # nothing failed: the turn waits on people
+                self.console.print(f"[yellow]nothing to retry: the turn waits on {others[0]}[/]")
+                continue
+            try:
+                with self.console.status(f"{printable(self.agent.name)} is working..."):
+                    result = await self.runtime.send(session_id, line, principal=self.principal)
+            except StoreError:
+                raise  # it may have cut short the turn it steered: chat's /retry resumes it
+            except SignoffError as exc:  # not delivered (an approve of theirs, too large...)
+                self.console.print(f"[red]{type(exc).__name__}: {printable(str(exc))}[/]")
+                self.refused = True
+                continue
+            if result.queued:  # the turn serves someone else: the message waits behind it
+                self.console.print(f"[yellow]{QUEUED_NOTE}[/]")
+                self.say_waiting(session_id, others)
+                return None
+            return result
+
     async def cannot_answer(self, request: InputRequest) -> str | None:
         """Why no answer to `request` given here could be taken, for one who may answer it: a
         mirror whose delegate tool a deploy took from its parent's agent, or a question whose
@@ -319,17 +371,14 @@ class _Chat:
                 key=lambda r: r.kind != "session-limit",
             )
             others = [r.id for r in result.pending if r.id not in unanswerable]
+            if not open_requests and theirs & set(others):  # a message of theirs withdraws it
+                steered = await self.steer_past(result.session_id, others)
+                if steered is None:
+                    return False
+                result = steered
+                continue
             if not open_requests and others:  # e.g. approvals=N: the others must answer now
-                later = (
-                    "its store is this process's memory (sqlite:///:memory:): it is lost when "
-                    "chat exits"
-                    if self.in_memory
-                    else f"`signoff chat ... --session {result.session_id}` continues it later"
-                )
-                self.console.print(
-                    f"[yellow]the turn waits for other people to answer {', '.join(others)}[/]; "
-                    + later
-                )
+                self.say_waiting(result.session_id, others)
                 return False
             if not open_requests:  # each said how it can be settled instead
                 return False
