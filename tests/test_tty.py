@@ -7,7 +7,9 @@ from __future__ import annotations
 import io
 import os
 import pty
+import select
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -22,6 +24,9 @@ from rich.console import Console
 import signoff as so
 from signoff.channels import TerminalChannel
 from signoff.channels._tty import discard_typed_ahead, read_terminal_line, terminal_stdin
+from tests._cli import ROOT, TARGET, url
+
+__all__ = ["url"]  # the fixture, used by name
 
 
 @pytest.fixture
@@ -53,12 +58,12 @@ def test_ctrl_d_after_some_text_hands_it_over_as_input_does(terminal: tuple[int,
     assert read_terminal_line(screen) == "half"
 
 
-def test_bytes_that_are_no_utf8_read_as_replacement_characters(
-    terminal: tuple[int, int],
-) -> None:
+def test_bytes_that_are_no_utf8_read_as_lone_surrogates(terminal: tuple[int, int]) -> None:
+    """As piped in (`lenient_stdin`): read as U+FFFD, a typed byte was an answer any prompt
+    for free text took, where the README says no prompt takes it."""
     keyboard, screen = terminal
     os.write(keyboard, b"caf\xe9 \xff ok\n")
-    assert read_terminal_line(screen) == "caf\ufffd \ufffd ok"
+    assert read_terminal_line(screen) == "caf\udce9 \udcff ok"
 
 
 def test_only_a_terminal_on_the_main_thread_is_waited_on(
@@ -155,13 +160,14 @@ def test_a_signal_caught_while_waiting_reaches_the_wakeup_fd_it_replaced(
     os.close(write_end)
 
 
-def test_a_half_character_before_ctrl_d_reads_as_a_replacement_character(
+def test_a_half_character_before_ctrl_d_reads_as_a_lone_surrogate(
     terminal: tuple[int, int],
 ) -> None:
-    """The bytes of a character cut short by the end of input are not dropped silently."""
+    """The bytes of a character cut short by the end of input are not dropped silently, nor
+    read as a character a prompt could take."""
     keyboard, screen = terminal
     os.write(keyboard, b"caf\xc3\x04\x04")
-    assert read_terminal_line(screen) == "caf\ufffd"
+    assert read_terminal_line(screen) == "caf\udcc3"
 
 
 def test_the_wakeup_fd_in_place_before_is_put_back(terminal: tuple[int, int]) -> None:
@@ -335,3 +341,63 @@ def test_a_line_that_cannot_be_decoded_is_asked_again(
         assert strict.errors == "strict"
     assert answer == so.InputResponse(request_id="req_1", option_id="approve")
     assert "that line could not be read" in shown.getvalue()
+
+
+def _printed_until(fd: int, marker: bytes, seen: bytes = b"") -> bytes:
+    """What was printed to `fd` so far (`seen` and more) until `marker` is printed once more
+    than in `seen` (a prompt, which ends no line)."""
+    wanted = seen.count(marker) + 1
+    deadline = time.monotonic() + 30
+    while seen.count(marker) < wanted:
+        left = deadline - time.monotonic()
+        assert left > 0, seen
+        if select.select([fd], [], [], left)[0]:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:  # the other end closed: it ended
+                chunk = b""
+            assert chunk, seen
+            seen += chunk
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("target", "answers", "then"),
+    [
+        (TARGET, [(b"(y/N)", b"n"), (b"Reason", b"bro\xe9ken")], b"Not refunded: broken."),
+        ("tests._cli:sizer", [(b"or your answer):", b"ba\xe9g")], b"You chose bag."),
+    ],
+    ids=["denial-reason", "free-text"],
+)
+def test_a_byte_not_utf8_typed_at_chat_answers_no_prompt(
+    url: str, target: str, answers: list[tuple[bytes, bytes]], then: bytes
+) -> None:
+    """At a real terminal, `signoff chat` took a typed byte that is not UTF-8 as U+FFFD, in a
+    denial's reason or a question's free text (`bro\ufffdken` told to the model); piped in,
+    it is asked again. Typed, it is too: the same answers, the byte left out, are taken."""
+    keyboard, screen = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "signoff", "chat", target, "--store", url],
+        cwd=ROOT,
+        stdin=screen,
+        stdout=screen,
+        stderr=subprocess.PIPE,
+    )
+    os.close(screen)
+    try:
+        seen = b""
+        os.write(keyboard, b"refund 1042\n")
+        for typed in (answers, [(p, a.replace(b"\xe9", b"")) for p, a in answers]):
+            for prompt, answer in typed:  # each typed once shown: typed before, it is discarded
+                seen = _printed_until(keyboard, prompt, seen)
+                os.write(keyboard, answer + b"\n")
+        seen = _printed_until(keyboard, then, seen)
+        os.write(keyboard, b"/exit\n")
+        _, stderr = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        os.close(keyboard)
+    assert proc.returncode == 0, (seen, stderr)
+    assert b"InvalidAnswer" in seen and b"\xef\xbf\xbd" not in seen, seen

@@ -119,9 +119,11 @@ def _wait(fd: int, wakeup: int) -> list[int]:
 def read_terminal_line(fd: int) -> str:
     """The next line typed at the terminal `fd`, without its newline; `EOFError` at Ctrl-D on
     an empty line, as `input()`. A signal handler's exception (Ctrl-C's KeyboardInterrupt)
-    ends the wait whenever the signal came, and the bytes of a half-typed line go with it."""
+    ends the wait whenever the signal came, and the bytes of a half-typed line go with it.
+    A byte the encoding does not take reads as a lone surrogate, as `lenient_stdin` has piped
+    input read it, so no prompt takes the line (a U+FFFD in its place was taken as text)."""
     encoding = getattr(sys.stdin, "encoding", None) or "utf-8"
-    decoder = codecs.getincrementaldecoder(encoding)(errors="replace")
+    decoder = codecs.getincrementaldecoder(encoding)(errors="surrogateescape")
     line = ""
     with _wakeup_pipe() as (wakeup, caught):
         while True:

@@ -166,10 +166,11 @@ class TerminalChannel:
     def _console_read(self, prompt: str) -> str | None:
         """The console's `input`, but at a terminal a wait that Ctrl-C ends at any moment:
         `input()` misses a SIGINT that comes just after its prompt until the next Enter. A
-        line holding a byte that is not UTF-8 is read as a lone surrogate (`lenient_stdin`),
-        which no prompt takes. Standard input an application read strictly before cannot be
-        made lenient: a line it cannot decode is told and the prompt asked again, but what was
-        read with it (the rest of a piped chunk) is lost with it."""
+        line holding a byte that is not UTF-8, piped or typed, is read as a lone surrogate
+        (`lenient_stdin`, `read_terminal_line`), which no prompt takes. Standard input an
+        application read strictly before cannot be made lenient: a line it cannot decode is
+        told and the prompt asked again, but what was read with it (the rest of a piped chunk)
+        is lost with it."""
         lenient_stdin()
         while True:
             try:
