@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
+import pytest
+
 import signoff as so
 from signoff.channels import ChannelHub
 from signoff.channels.slack import slack_principal
@@ -117,13 +119,14 @@ async def test_expired_and_withdrawn_requests_stay_visible_as_records(
             await hub.poll()
             await rt.cancel(second.session_id)
             await hub.poll()
-        expired_at = await resolved_at(rt, expiring.id)
         cancelled_at = await resolved_at(rt, withdrawn.id)
         first_update, second_update = slack_api.of("chat.update")
         stored = await rt.store.get_request(expiring.id)
         assert stored is not None and stored.resolution is not None
         assert first_update["blocks"][-1]["elements"][0]["text"] == (
-            f":hourglass: *Expired* {date(expired_at)}: “{stored.resolution['reason']}”"
+            # at its deadline, not when the lapse was recorded (a second later here)
+            f":hourglass: *Expired* {date(expiring.expires_at or 0)}: "
+            f"“{stored.resolution['reason']}”"
         )
         assert second_update["blocks"][-1]["elements"][0]["text"] == (
             f":no_entry_sign: *Withdrawn* {date(cancelled_at)}: “turn cancelled”"
@@ -169,7 +172,47 @@ async def test_a_call_its_deadline_approved_reads_approved_automatically_not_exp
         assert closed["text"] == "Approved automatically: ops wants to run wipe_cache"
         assert closed["blocks"][-1]["elements"][0]["text"] == (
             ":white_check_mark: *Approved automatically* when the deadline passed "
-            f"{date(await resolved_at(rt, req.id))}: “no one decided before the deadline”"
+            f"{date(req.expires_at or 0)}: “no one decided before the deadline”"  # not recorded
+        )
+
+
+@pytest.mark.parametrize(
+    ("on_timeout", "closed"),
+    [
+        ("deny", ":hourglass: *Expired* {}"),
+        ("approve", ":white_check_mark: *Approved automatically* when the deadline passed {}"),
+    ],
+    ids=["deny", "approve"],
+)
+async def test_a_lapse_recorded_late_reads_closed_at_its_deadline(
+    tmp_path: Path, slack_api: FakeSlack, on_timeout: Literal["deny", "approve"], closed: str
+) -> None:
+    """No worker recorded the lapse for three hours: the message read "Expired" (or "Approved
+    automatically when the deadline passed") at that recording, three hours after the deadline
+    it had shown. It reads the deadline."""
+    from signoff.testing import ManualClock
+
+    @so.tool(approval=so.always(expires_in=60, on_timeout=on_timeout))
+    async def wipe_cache(region: str) -> str:
+        """Wipe a cache."""
+        return "wiped"
+
+    agent = scripted_agent(
+        "ops", [call_tools(call("wipe_cache", region="eu")), reply("Done.")], tools=[wipe_cache]
+    )
+    clock = ManualClock()
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock) as rt:
+        (req,) = (await rt.generate("ops", prompt="Wipe eu")).pending
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack], clock=clock)) as hub:
+            await hub.poll()
+            clock.advance(3 * 3600)
+            assert await rt.expire_due() == 1
+            await hub.poll()
+        assert req.expires_at is not None and await resolved_at(rt, req.id) > req.expires_at + 3600
+        (update,) = slack_api.of("chat.update")
+        assert update["blocks"][-1]["elements"][0]["text"] == (
+            f"{closed.format(date(req.expires_at))}: “no one decided before the deadline”"
         )
 
 

@@ -5,6 +5,9 @@ expired."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
+
+import pytest
 
 import signoff as so
 from signoff.channels import ChannelHub
@@ -77,3 +80,42 @@ async def test_a_reply_after_the_deadline_approved_the_call_is_told_so(tmp_path:
             f"This request can no longer be answered: request {asked.id} was approved "
             "automatically when its deadline passed (on_timeout='approve'); it takes no answers"
         )
+
+
+@pytest.mark.parametrize(
+    ("on_timeout", "told"),
+    [
+        ("deny", "deploy expired at 2025-06-15 15:07 UTC"),
+        (
+            "approve",
+            "deploy was approved automatically when its deadline passed at 2025-06-15 15:07 UTC",
+        ),
+    ],
+    ids=["deny", "approve"],
+)
+async def test_a_lapse_recorded_late_is_told_at_its_deadline(
+    tmp_path: Path, on_timeout: Literal["deny", "approve"], told: str
+) -> None:
+    """No worker recorded the lapse for three hours: the close read "expired at 18:06" (or
+    "approved automatically when its deadline passed at 18:06"), when it was recorded, where
+    the request had said it expires at 15:07. It is told at the deadline."""
+
+    @so.tool(approval=so.always(expires_in=60, on_timeout=on_timeout))
+    async def deploy(env: str) -> str:
+        """Deploy."""
+        return "deployed"
+
+    agent = scripted_agent(
+        "ops", [call_tools(call("deploy", env="prod")), reply("Deployed.")], tools=[deploy]
+    )
+    clock = ManualClock(1_750_000_000.0)
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock) as rt:
+        sms = Texts()
+        async with manual(ChannelHub(rt, [sms], clock=clock)) as hub:
+            await rt.generate("ops", prompt="Deploy")
+            await hub.poll()
+            assert "\nExpires 2025-06-15 15:07 UTC" in sms.sent[0]
+            clock.advance(3 * 3600)
+            assert await rt.expire_due() == 1
+            await hub.poll()
+        assert sms.sent[1:] == [f"{told} (no one decided before the deadline)."]

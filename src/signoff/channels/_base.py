@@ -158,6 +158,15 @@ class Resolution:
             "on_timeout": self.on_timeout,
         }
 
+    def closed_at(self, request: InputRequest | None) -> float:
+        """When to say it closed: `at`, when that was recorded, but for a lapse (`expired`) the
+        deadline `request` was shown with if earlier: a lapse no worker recorded in time is
+        recorded hours late, and the person was told the deadline, not that."""
+        deadline = None if request is None else request.expires_at
+        if self.outcome != "expired" or deadline is None:
+            return self.at
+        return min(self.at, deadline)
+
     @property
     def approved_on_timeout(self) -> bool:
         """Whether its passed deadline approved it (`on_timeout="approve"`): it closed as

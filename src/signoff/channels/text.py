@@ -185,7 +185,7 @@ class TextChannel(Channel):
         """The text that says how a request closed elsewhere (who, how, when); `_say` escapes
         its bidirectional controls as it sends it, as every message but `render`'s."""
         what = request.tool_name if request.kind == "tool-approval" else "the question"
-        when = _when(resolution.at)
+        when = _when(resolution.closed_at(request))  # a lapse at its deadline, not when recorded
         by = describe_principal(resolution.by)
         if resolution.outcome == "approved":
             text = f"{what} was approved by {by} at {when}"

@@ -478,12 +478,12 @@ def closed_as(resolution: Resolution) -> str:
 
 def describe(request: InputRequest, resolution: Resolution) -> str:
     """One line: how the request closed, by whom and when."""
-    return _closing_line(resolution)
+    return _closing_line(resolution, request)
 
 
-def _closing_line(resolution: Resolution) -> str:
+def _closing_line(resolution: Resolution, request: InputRequest | None = None) -> str:
     by = slack_mention(resolution.by)
-    when = _date(resolution.at)
+    when = _date(resolution.closed_at(request))  # a lapse at its deadline, not when recorded
     reason = f": “{_clip(escape(resolution.reason), _MAX_SHOWN)}”" if resolution.reason else ""
     closed = closed_as(resolution)
     if closed == "Approved":
