@@ -119,3 +119,34 @@ async def test_a_lapse_recorded_late_is_told_at_its_deadline(
             assert await rt.expire_due() == 1
             await hub.poll()
         assert sms.sent[1:] == [f"{told} (no one decided before the deadline)."]
+
+
+async def test_a_session_lapse_recorded_late_is_told_when_recorded_not_at_the_deadline(
+    tmp_path: Path,
+) -> None:
+    """A session's TTL (an hour) passed before its request's deadline (two), and a sweep
+    recorded it at five: the close was dated at the request's deadline, which never closed it.
+    Only a close the deadline made is told at the deadline; this one when it was recorded."""
+
+    @so.tool(approval=so.always(expires_in=7200))
+    async def deploy(env: str) -> str:
+        """Deploy."""
+        return "deployed"
+
+    agent = scripted_agent(
+        "ops",
+        [call_tools(call("deploy", env="prod")), reply("Deployed.")],
+        tools=[deploy],
+        limits=so.Limits(ttl=3600),
+    )
+    clock = ManualClock(1_750_000_000.0)
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock) as rt:
+        sms = Texts()
+        async with manual(ChannelHub(rt, [sms], clock=clock)) as hub:
+            await rt.generate("ops", prompt="Deploy")
+            await hub.poll()
+            assert "\nExpires 2025-06-15 17:06 UTC" in sms.sent[0]
+            clock.advance(5 * 3600)
+            assert await rt.expire_due() == 1
+            await hub.poll()
+        assert len(sms.sent) == 2 and "2025-06-15 20:06 UTC" in sms.sent[1], sms.sent

@@ -159,11 +159,12 @@ class Resolution:
         }
 
     def closed_at(self, request: InputRequest | None) -> float:
-        """When to say it closed: `at`, when that was recorded, but for a lapse (`expired`) the
-        deadline `request` was shown with if earlier: a lapse no worker recorded in time is
-        recorded hours late, and the person was told the deadline, not that."""
+        """When to say it closed: `at`, when that was recorded, but for a close its deadline
+        made (`expired` with an `on_timeout`) the deadline `request` was shown with if earlier:
+        a lapse no worker recorded in time is recorded hours late, and the person was told the
+        deadline, not that. A session's TTL closing it (no `on_timeout`) is no such deadline."""
         deadline = None if request is None else request.expires_at
-        if self.outcome != "expired" or deadline is None:
+        if self.outcome != "expired" or self.on_timeout is None or deadline is None:
             return self.at
         return min(self.at, deadline)
 
