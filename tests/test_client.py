@@ -77,7 +77,7 @@ def test_every_error_class_comes_back_with_the_attributes_it_documents() -> None
         so.InvalidAnswer: {"request_ids": ["req_1"]},
         so.SessionWaiting: {"session_id": "ses_x", "request_ids": ["req_1"], "held_by": ["ses_x"]},
         so.SubagentSession: {"session_id": "ses_x", "parent_id": ""},
-        so.SubagentOrphaned: {"session_id": "ses_x", "parent_id": ""},
+        so.SubagentOrphaned: {"session_id": "ses_x", "parent_id": "", "lapsed": None},
     }
     body = {"message": "m", "session_id": "ses_x", "request_ids": ["req_1"], "held_by": ["ses_x"]}
     for cls, expected in attributes.items():

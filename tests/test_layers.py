@@ -46,6 +46,7 @@ LAYERS: list[set[str]] = [
         "_refusals",
         "_request_session",
         "_message_places",
+        "_lapsed_trees",
     },
     {"_tools"},
     {"_answer_edits"},

@@ -393,3 +393,54 @@ async def test_a_typed_approve_after_a_grandparents_ttl_passed_is_refused_not_se
         f"This request can no longer be answered: request {rid} is withdrawn (cancelled); it "
         "takes no answers. Your reply was not sent."
     )
+
+
+@pytest.mark.parametrize("recorded", ["by the reply", "by a sweep"])
+async def test_a_plain_message_after_a_parents_ttl_passed_is_refused_not_sent(
+    tmp_path: Path, fake: FakeSlack, recorded: str
+) -> None:
+    """A reply answering nothing in the thread of a subagent's request once its parent's TTL
+    passed went to the subagent as a message (old code: a new turn, its model ran, 'Done.'):
+    the runtime refuses it (`SubagentOrphaned`), and the note in the thread says so."""
+
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    child = scripted_agent(
+        "support",
+        [call_tools(call("issue_refund", order_id="1042")), reply("Done."), reply("Again.")],
+        tools=[issue_refund],
+    )
+    parent = scripted_agent(
+        "desk",
+        [call_tools(call("support", call_id="d1", message="Go on")), reply("Done.")],
+        tools=[so.delegate("support")],
+        limits=so.Limits(ttl=60),
+    )
+    clock = ManualClock()
+    async with so.Runtime(
+        [parent, child], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock
+    ) as rt:
+        r = await rt.generate("desk", prompt="Handle it")
+        (mirror,) = r.pending
+        assert mirror.child is not None
+        sid = mirror.child.session_id
+        slack = channel(fake)
+        async with manual(ChannelHub(rt, [slack], clock=clock)) as hub:
+            await hub.poll()
+            clock.advance(61)
+            if recorded == "by a sweep":
+                await rt.expire_due()
+            assert await deliver(slack, event("Is it done yet?")) is None
+            await hub.poll()
+        state = await rt.state(sid)
+        assert state.turn is not None and state.turn.status == "cancelled"
+        assert [e.type for e in await events_of(rt, sid)].count("turn.started") == 1
+    (note,) = fake.of("chat.postEphemeral")
+    assert note["text"] == (
+        f"Your reply was not delivered: session {sid!r} is a subagent's of session "
+        f"{r.session_id!r}, which passed its TTL before its turn ended: the conversation is "
+        "over, and the subagent takes no more messages; start a new conversation"
+    )

@@ -274,21 +274,33 @@ class SubagentSession(SessionError):
 
 
 class SubagentOrphaned(SessionError):
-    """A retry of a subagent's failed delegated turn that its parent no longer waits on (its
-    delegate call took the failure as its result, or the parent's turn ended): run again, it
-    would only spend, its result read by no one. Send the subagent a message instead."""
+    """A subagent's session its parent no longer waits on, asked to run: a retry of its failed
+    delegated turn whose parent read the failure as its delegate call's result, or whose turn
+    ended (run again, it would only spend, its result read by no one: send the subagent a
+    message instead); or a message or prompt to it once its parent, or a session above that,
+    passed its TTL with its turn unfinished (`lapsed`, that session's id): its conversation is
+    over, as an expired session's is."""
 
     code = "subagent_orphaned"
 
-    def __init__(self, session_id: str, parent_id: str) -> None:
+    def __init__(self, session_id: str, parent_id: str, *, lapsed: str | None = None) -> None:
         self.parent_id = parent_id
-        super().__init__(
-            f"session {session_id!r} is a subagent's whose delegated turn failed, and its parent "
-            f"session {parent_id!r} no longer waits on it (it read the failure as its delegate "
-            "call's result, or its turn ended): a retry is not run; send the subagent a "
-            "message to start a turn of its own",
-            session_id,
-        )
+        self.lapsed = lapsed
+        if lapsed is None:
+            message = (
+                f"session {session_id!r} is a subagent's whose delegated turn failed, and its "
+                f"parent session {parent_id!r} no longer waits on it (it read the failure as its "
+                "delegate call's result, or its turn ended): a retry is not run; send the "
+                "subagent a message to start a turn of its own"
+            )
+        else:
+            above = "," if lapsed == parent_id else f", under session {lapsed!r},"
+            message = (
+                f"session {session_id!r} is a subagent's of session {parent_id!r}{above} which "
+                "passed its TTL before its turn ended: the conversation is over, and the "
+                "subagent takes no more messages; start a new conversation"
+            )
+        super().__init__(message, session_id)
 
 
 class SessionLimitReached(SessionError):

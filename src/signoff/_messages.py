@@ -96,6 +96,9 @@ class Messages(MessageResults):
         the person it serves starts the next turn past it.
         A deny its sender may not give (four eyes excludes the requester) steers as well; an
         approve they may not give is `NotAllowed`.
+        To a subagent whose parent, or a session above that, passed its TTL with its turn
+        unfinished, a message answering no request open there is `SubagentOrphaned`, nothing
+        recorded: its conversation is over.
         A message that answers nothing returns its own turn (the one it started or steered, or
         that took it from the queue), as the drive left it, not one the drive went on to; while
         it still waits in the queue, the turn it waits behind (`queued`).
@@ -160,6 +163,11 @@ class Messages(MessageResults):
             # Any other delivery goes on with the session's turn, only where its agent is: it is
             # refused first, nothing stored (an answer to a mirror too: see `_settle`).
             self.agent(state.agent)
+            # A subagent whose conversation a passed TTL above it ended takes no message, but
+            # for an answer to a request still open there (of a turn of its own).
+            if state.parent is not None:
+                if await self._answering(state, message, principal) is None:
+                    await self._refuse_lapsed_tree(state)
             # Its subagents' passed deadlines too, as its own: a mirror they closed holds the
             # turn no more, whoever looked first (a listing records and drives them as well);
             # refused as for its own (`UnknownAgent`) where this runtime lacks their agent.

@@ -22,8 +22,11 @@ from ._exceptions import (
     SessionBusy,
     SessionExpired,
     StoreError,
+    SubagentOrphaned,
+    UnknownSession,
 )
 from ._idempotency import Keyed
+from ._lapsed_trees import lapsed_in_tree
 from ._leasing import lost_line
 from ._message_places import InTurn, Went, queued_last
 from ._prompts import check_prompt, next_turn
@@ -99,6 +102,29 @@ class SessionRunner(TurnLeases):
         for no retry, and starts the next turn."""
         return False
 
+    async def _lapsed_above(self, state: SessionState) -> str | None:
+        """The session above a subagent's (its parent, theirs...) that passed its TTL with its
+        turn unfinished, recorded or not (`lapsed_in_tree`), if one did: that ended the
+        subagent's conversation for good. None for a session no one delegated to, or whose
+        parent was deleted since (no TTL of its own to tell)."""
+        if state.parent is None:
+            return None
+        try:
+            parent = await self._state(state.parent)
+        except UnknownSession:
+            return None
+        ended = await lapsed_in_tree(parent, self.now(), self._state)
+        return None if ended is None else ended.id
+
+    async def _refuse_lapsed_tree(self, state: SessionState) -> None:
+        """Refuse (`SubagentOrphaned`, nothing recorded) a message or prompt to a subagent's
+        session whose conversation a passed TTL above it ended (`_lapsed_above`): a turn of it
+        would be one no one can take up. Its own TTL is `_checked`'s (`SessionExpired`); its
+        delegated turn's start is its parent's, never refused so."""
+        ended = await self._lapsed_above(state)
+        if ended is not None and state.parent is not None:
+            raise SubagentOrphaned(state.id, state.parent, lapsed=ended)
+
     async def _behind_mirrors(self, state: SessionState) -> bool:
         """Record the passed deadlines and TTLs behind the session's open mirrors, going on with
         the subagents' turns they resumed, and close those mirrors; whether the session changed
@@ -150,6 +176,8 @@ class SessionRunner(TurnLeases):
             # may both start it: one does, and the other, reading a turn, starts none after it.
             if delegated and state.turn is not None:
                 return False
+            if not delegated:  # its delegated turn is its parent's to start
+                await self._refuse_lapsed_tree(state)
             # Its subagents' passed deadlines and TTLs, as `send` records them: a mirror they
             # closed holds the turn no more, whoever looked first (the turn they resumed is
             # finished below, then this prompt's starts).

@@ -145,6 +145,8 @@ def error(detail: Mapping[str, Any], status: int, path: str = "") -> errors.Sign
         exc.held_by = request_ids(detail.get("held_by"))  # type: ignore[attr-defined]
     if issubclass(cls, (errors.SubagentSession, errors.SubagentOrphaned)):
         exc.parent_id = ""  # type: ignore[attr-defined]  # the server's message names it
+    if issubclass(cls, errors.SubagentOrphaned):
+        exc.lapsed = None  # type: ignore[attr-defined]  # the server's message names it too
     if issubclass(cls, errors.SessionExpired):
         exc.pending = request_ids(detail.get("request_ids"))  # type: ignore[attr-defined]
     if issubclass(cls, errors.ModelError):

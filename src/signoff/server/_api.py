@@ -141,7 +141,9 @@ async def send_message(
     idempotency_key: IdempotencyKey = None,
 ) -> TurnResult:
     """Send a message: it answers the open request it matches, steers the turn (`steer`), or
-    waits for the turn to end (`queue`)."""
+    waits for the turn to end (`queue`). To a subagent whose parent, or a session above that,
+    passed its TTL with its turn unfinished, a message answering no open request is 409
+    `subagent_orphaned`: its conversation is over."""
     ctx, caller = await _caller(request)
     await ctx.session(session_id, caller)
     result = await ctx.runtime.send(
@@ -211,7 +213,8 @@ async def generate(
     waits on a request (422 `partial_answer`), and while a turn a retry can resume waits for
     it, unless the caller is the person it serves (409 `session_busy`). Without a message,
     resume the session's turn (a retry after a failure; a subagent's failed turn its parent no
-    longer waits on is 409 `subagent_orphaned`)."""
+    longer waits on is 409 `subagent_orphaned`, as is a message to a subagent whose parent, or
+    a session above that, passed its TTL with its turn unfinished)."""
     _object_or_none(body, await request.body())
     ctx, caller = await _caller(request)
     await ctx.session(session_id, caller)

@@ -362,7 +362,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         "Conflict (`conflicting_answer`, `request_closed`, `stale_answer`, `session_busy`, "
         "`session_limit_reached`, `idempotency_key_reused`; a deletion refused: "
         "`session_waiting`, `subagent_session`; a retry of a subagent's failed turn no one "
-        "waits on: `subagent_orphaned`), or, ending an event stream, the "
+        "waits on, or a message to a subagent a passed TTL above it ended: "
+        "`subagent_orphaned`), or, ending an event stream, the "
         "store lost events the stream had sent (`events_rewritten`)"
     ),
     410: _doc(

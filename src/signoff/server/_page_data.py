@@ -411,11 +411,15 @@ async def session_context(
     # (an idle one shows `idle`: nothing is recorded of an expiry that closed nothing), unless
     # a live drive runs its turn on past the TTL (shown `running`), which is not idle.
     expired = state.expired(ctx.runtime.now()) and state.status != "running"
+    # A subagent's whose conversation a passed TTL above it ended takes none either
+    # (`subagent_orphaned`): the page names the session that expired.
+    orphaned = None if expired else await ctx.runtime._lapsed_above(state)
     return base(
         ctx,
         viewer,
         session=state,
         expired=expired,
+        orphaned=orphaned,
         rows=_rows(ctx, state, events),
         seq=seq,
         more=seq < state.seq,

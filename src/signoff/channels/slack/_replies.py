@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..._answers import closed_text, match
-from ..._exceptions import SignoffError, StoreDamaged, StoreError, UnknownSession
+from ..._exceptions import SignoffError, StoreDamaged, StoreError
+from ..._lapsed_trees import lapsed_in_tree
 from ..._messages import first_open
 from ..._results import Outcome
 from ..._text import is_blank
@@ -32,7 +33,6 @@ from ._payloads import SlackPayloadError, check_ids, envelope_of, member_of
 from ._speakers import policy_refuses
 
 if TYPE_CHECKING:
-    from ..._runtime import Runtime
     from ..._state import SessionState
     from ...stores import StoredRequest
     from ._channel import SlackChannel
@@ -404,7 +404,8 @@ class ThreadReplies:
         if now is None or now.status == "pending":
             return False
         if stored.status != "pending" and not (
-            now.status in ("expired", "withdrawn") and await _tree_lapsed(rt, state)
+            now.status in ("expired", "withdrawn")
+            and await lapsed_in_tree(state, rt.now(), rt._state) is not None
         ):
             return False
         outcome = (now.resolution or {}).get("outcome")
@@ -414,30 +415,6 @@ class ThreadReplies:
             where, f"This request can no longer be answered: {closed}. Your reply was not sent."
         )
         return True
-
-
-async def _tree_lapsed(rt: Runtime, state: SessionState) -> bool:
-    """Whether the session `state`, or one above it (its parent, theirs...), passed its TTL with
-    its turn unfinished (recorded or not): that ended the turns below it, closing their
-    requests for good. A parent deleted since ends the walk (no TTL of its own to tell)."""
-    now, seen = rt.now(), {state.id}
-    while not _lapsed(state, now):
-        if state.parent is None or state.parent in seen:
-            return False
-        seen.add(state.parent)
-        try:
-            state = await rt._state(state.parent)
-        except UnknownSession:
-            return False
-    return True
-
-
-def _lapsed(state: SessionState, now: float) -> bool:
-    """Whether the session's TTL passed with its turn unfinished: its lapse recorded, or its
-    TTL passed by `now` while its turn runs or waits (an idle session past it ended nothing)."""
-    turn = state.turn
-    unfinished = turn is not None and turn.status in ("running", "waiting")
-    return state.lapsed or (unfinished and state.expired(now))
 
 
 def _plain(text: str, bots: set[Any]) -> str:
