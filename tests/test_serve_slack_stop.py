@@ -18,7 +18,7 @@ import pytest
 import signoff as so
 from signoff.stores import SQLiteStore
 from tests._cli import ROOT, _free_port
-from tests._serve_lines import ended, line
+from tests._serve_lines import ended, line, started
 from tests._slack import FakeSlack, click, fake, sign
 from tests._slack_serve_child import napper
 
@@ -53,7 +53,7 @@ async def _serving(
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as at a shell
     )
     try:
-        await line(child, "Application startup complete")
+        await started(child)
         yield child, port
     finally:
         if child.returncode is None:

@@ -14,6 +14,7 @@ import pytest
 
 import signoff as so
 from tests._cli import ROOT, _free_port, log, url
+from tests._serve_lines import STARTED, stopped
 from tests.test_cli_interrupts import _lease_taken, _sessions, _wait_for_line
 
 __all__ = ["url"]  # the fixture, used by name
@@ -71,7 +72,9 @@ def _serve(url: str, target: str) -> subprocess.Popen[str]:
 
 
 def _wait_for_naps(proc: subprocess.Popen[str], url: str, sessions: list[str], naps: int) -> None:
-    """Wait until `naps` of `sessions` have begun their nap (the app sweeps every 5 s)."""
+    """Wait until serve started, however long that takes (`_serve_lines`), then until `naps` of
+    `sessions` have begun their nap (the app sweeps every 5 s)."""
+    _wait_for_line(proc, STARTED)
     deadline = time.monotonic() + 30
     while _began(url, sessions) < naps:
         assert time.monotonic() < deadline and proc.poll() is None, "the naps never began"
@@ -121,7 +124,8 @@ def test_a_second_signal_stops_serve_at_once_while_it_waits_for_its_sweeps_turn(
         proc.send_signal(sig)
         _wait_for_line(proc, "waiting up to 30s for 1 turn(s) its deadline sweep drives")
         proc.send_signal(sig)
-        rest = proc.communicate(timeout=10)[1]
+        rest = stopped(proc)
+        assert rest is not None, "serve still ran 10 s after its second signal"
     finally:
         _stop(proc)
     assert proc.returncode == (130 if sig == signal.SIGINT else -signal.SIGTERM), rest

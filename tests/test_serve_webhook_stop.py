@@ -18,7 +18,7 @@ import signoff as so
 from signoff.channels import ChannelHub, WebhookChannel, verify_webhook
 from tests._cli import ROOT, _free_port
 from tests._hanging_receiver import receiving
-from tests._serve_lines import ended, line
+from tests._serve_lines import ended, line, started
 from tests._webhook_serve_child import SECRET, refunder
 
 
@@ -42,7 +42,7 @@ async def _serving(
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as at a shell
     )
     try:
-        await line(child, "Application startup complete")
+        await started(child)
         yield child
     finally:
         if child.returncode is None:
