@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
+import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
@@ -18,6 +20,22 @@ from ._relay import Relay
 from .test_postgres import admin
 
 # -- LISTEN/NOTIFY ---------------------------------------------------------------------------
+
+SENTINEL = "sentinel"
+
+
+async def _notified_before_sentinel(conn: psycopg.AsyncConnection[Any], channel: str) -> list[str]:
+    """The payloads `conn` (listening on `channel`) is notified of up to a sentinel it notifies
+    now: PostgreSQL delivers notifications in the order their transactions committed, so every
+    one the writes before it sent has come then, however long a loaded machine took to deliver
+    it (reading for a fixed half second missed one), and none is counted twice or left out."""
+    await conn.execute("SELECT pg_notify(%s, %s)", [channel, SENTINEL])
+    payloads: list[str] = []
+    async for n in conn.notifies(timeout=60):
+        if n.payload == SENTINEL:
+            return payloads
+        payloads.append(n.payload)
+    raise AssertionError(f"the sentinel was not notified within 60 s, after {payloads}")
 
 
 async def test_each_commit_is_notified_with_session_and_seq(
@@ -48,7 +66,7 @@ async def test_releasing_a_session_with_work_wakes_workers(
         await pg.release_lease(busy, "w2", t_busy)  # not the owner: nothing released
         await pg.release_lease(idle, "w1", t_idle)  # no work left: nobody to wake
         await pg.release_lease(busy, "w1", t_busy)
-        payloads = [n.payload async for n in conn.notifies(timeout=0.5)]
+        payloads = await _notified_before_sentinel(conn, pg.channel)
     assert payloads == [f"{busy} 0"]
 
 
@@ -59,7 +77,7 @@ async def test_a_failed_commit_notifies_nothing(pg: PostgresStore, pg_store_url:
         await conn.execute(f'LISTEN "{pg.channel}"')
         with pytest.raises(so.StoreError):
             await pg.commit(Commit(session_id=sid, expected_seq=7, events=[ev(sid, 8)]))
-        assert [n async for n in conn.notifies(timeout=0.3)] == []
+        assert await _notified_before_sentinel(conn, pg.channel) == []
 
 
 async def test_waiters_survive_a_killed_listener(pg: PostgresStore, pg_store_url: str) -> None:
