@@ -457,14 +457,15 @@ async def test_a_damaged_session_past_its_deadline_leaves_the_listing_of_the_oth
             sid,
             sid,
         )
-    else:  # its request's row: every passed deadline is then unread, and shown as stored
+    else:  # its request's row: that deadline is unread, its session shown as stored
         rid = one.pending[0].id
         edit(store_url, "UPDATE {t}requests SET data = {p} WHERE id = {p}", b"garbage", rid)
     clock.advance(61)
     async with so.Runtime([agent], store=store_url, clock=clock) as fresh:
         listed = {s.id: s.status for s in await fresh.sessions()}
-        other = "running" if damaged == "event" else "waiting"  # as deadlines leave it
-        assert listed == {sid: "waiting", two.session_id: other}
+        # The other as its passed deadline leaves it: a damaged request row of another session
+        # once listed every deadline-freed session as `waiting` (review r14, 02849854).
+        assert listed == {sid: "waiting", two.session_id: "running"}
         if damaged == "event":
             with pytest.raises(so.StoreError):
                 await fresh.state(sid)
