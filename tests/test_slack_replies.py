@@ -279,6 +279,32 @@ async def test_a_reply_from_someone_the_waiting_turn_does_not_serve_is_told_it_w
         assert log == []
 
 
+def _support() -> so.Agent:
+    """A subagent whose turn asks to approve a refund, then answers (and once more)."""
+
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    return scripted_agent(
+        "support",
+        [call_tools(call("issue_refund", order_id="1042")), reply("Done."), reply("Again.")],
+        tools=[issue_refund],
+    )
+
+
+def _desk_over_support() -> tuple[so.Agent, so.Agent]:
+    """`desk` (a 60 s TTL) delegating to `_support`'s agent: the parent whose lapse orphans it."""
+    parent = scripted_agent(
+        "desk",
+        [call_tools(call("support", call_id="d1", message="Go on")), reply("Done.")],
+        tools=[so.delegate("support")],
+        limits=so.Limits(ttl=60),
+    )
+    return parent, _support()
+
+
 @pytest.mark.parametrize("recorded", ["by the reply", "by a read of the parent", "by a sweep"])
 async def test_a_typed_approve_after_a_parents_ttl_passed_is_refused_not_sent(
     tmp_path: Path, fake: FakeSlack, recorded: str
@@ -290,22 +316,7 @@ async def test_a_typed_approve_after_a_parents_ttl_passed_is_refused_not_sent(
     the expiry: the reply's own read of the session, or one before the reply (someone opened
     the parent's page, a sweep ran)."""
 
-    @so.tool(approval=so.always())
-    async def issue_refund(order_id: str) -> str:
-        """Refund an order."""
-        return "refunded"
-
-    child = scripted_agent(
-        "support",
-        [call_tools(call("issue_refund", order_id="1042")), reply("Done."), reply("Again.")],
-        tools=[issue_refund],
-    )
-    parent = scripted_agent(
-        "desk",
-        [call_tools(call("support", call_id="d1", message="Go on")), reply("Done.")],
-        tools=[so.delegate("support")],
-        limits=so.Limits(ttl=60),
-    )
+    parent, child = _desk_over_support()
     clock = ManualClock()
     async with so.Runtime(
         [parent, child], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock
@@ -347,16 +358,7 @@ async def test_a_typed_approve_after_a_grandparents_ttl_passed_is_refused_not_se
     recorded it (the subagent's request withdrawn) before a typed "approve" in its thread,
     which is refused, not sent to the subagent as a message."""
 
-    @so.tool(approval=so.always())
-    async def issue_refund(order_id: str) -> str:
-        """Refund an order."""
-        return "refunded"
-
-    child = scripted_agent(
-        "support",
-        [call_tools(call("issue_refund", order_id="1042")), reply("Done."), reply("Again.")],
-        tools=[issue_refund],
-    )
+    child = _support()
     middle = scripted_agent(
         "team",
         [call_tools(call("support", call_id="t1", message="Go on")), reply("Done.")],
@@ -403,22 +405,7 @@ async def test_a_plain_message_after_a_parents_ttl_passed_is_refused_not_sent(
     passed went to the subagent as a message (old code: a new turn, its model ran, 'Done.'):
     the runtime refuses it (`SubagentOrphaned`), and the note in the thread says so."""
 
-    @so.tool(approval=so.always())
-    async def issue_refund(order_id: str) -> str:
-        """Refund an order."""
-        return "refunded"
-
-    child = scripted_agent(
-        "support",
-        [call_tools(call("issue_refund", order_id="1042")), reply("Done."), reply("Again.")],
-        tools=[issue_refund],
-    )
-    parent = scripted_agent(
-        "desk",
-        [call_tools(call("support", call_id="d1", message="Go on")), reply("Done.")],
-        tools=[so.delegate("support")],
-        limits=so.Limits(ttl=60),
-    )
+    parent, child = _desk_over_support()
     clock = ManualClock()
     async with so.Runtime(
         [parent, child], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock
