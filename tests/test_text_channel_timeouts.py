@@ -82,6 +82,33 @@ async def test_a_reply_after_the_deadline_approved_the_call_is_told_so(tmp_path:
         )
 
 
+async def _swept_late(
+    tmp_path: Path, spec: so.ApprovalPolicy, limits: so.Limits | None, shown: str, hours: int
+) -> list[str]:
+    """What a text channel is sent for a `deploy` call gated by `spec`: its request (which must
+    show the deadline `shown`), then what it is told once a sweep `hours` later records the
+    lapse (no worker recorded it before)."""
+
+    @so.tool(approval=spec)
+    async def deploy(env: str) -> str:
+        """Deploy."""
+        return "deployed"
+
+    steps = [call_tools(call("deploy", env="prod")), reply("Deployed.")]
+    agent = scripted_agent("ops", steps, tools=[deploy], limits=limits)
+    clock = ManualClock(1_750_000_000.0)
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock) as rt:
+        sms = Texts()
+        async with manual(ChannelHub(rt, [sms], clock=clock)) as hub:
+            await rt.generate("ops", prompt="Deploy")
+            await hub.poll()
+            assert f"\nExpires {shown}" in sms.sent[0]
+            clock.advance(hours * 3600)
+            assert await rt.expire_due() == 1
+            await hub.poll()
+    return sms.sent
+
+
 @pytest.mark.parametrize(
     ("on_timeout", "told"),
     [
@@ -99,26 +126,9 @@ async def test_a_lapse_recorded_late_is_told_at_its_deadline(
     """No worker recorded the lapse for three hours: the close read "expired at 18:06" (or
     "approved automatically when its deadline passed at 18:06"), when it was recorded, where
     the request had said it expires at 15:07. It is told at the deadline."""
-
-    @so.tool(approval=so.always(expires_in=60, on_timeout=on_timeout))
-    async def deploy(env: str) -> str:
-        """Deploy."""
-        return "deployed"
-
-    agent = scripted_agent(
-        "ops", [call_tools(call("deploy", env="prod")), reply("Deployed.")], tools=[deploy]
-    )
-    clock = ManualClock(1_750_000_000.0)
-    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock) as rt:
-        sms = Texts()
-        async with manual(ChannelHub(rt, [sms], clock=clock)) as hub:
-            await rt.generate("ops", prompt="Deploy")
-            await hub.poll()
-            assert "\nExpires 2025-06-15 15:07 UTC" in sms.sent[0]
-            clock.advance(3 * 3600)
-            assert await rt.expire_due() == 1
-            await hub.poll()
-        assert sms.sent[1:] == [f"{told} (no one decided before the deadline)."]
+    spec = so.always(expires_in=60, on_timeout=on_timeout)
+    sent = await _swept_late(tmp_path, spec, None, "2025-06-15 15:07 UTC", 3)
+    assert sent[1:] == [f"{told} (no one decided before the deadline)."]
 
 
 async def test_a_session_lapse_recorded_late_is_told_when_recorded_not_at_the_deadline(
@@ -127,26 +137,6 @@ async def test_a_session_lapse_recorded_late_is_told_when_recorded_not_at_the_de
     """A session's TTL (an hour) passed before its request's deadline (two), and a sweep
     recorded it at five: the close was dated at the request's deadline, which never closed it.
     Only a close the deadline made is told at the deadline; this one when it was recorded."""
-
-    @so.tool(approval=so.always(expires_in=7200))
-    async def deploy(env: str) -> str:
-        """Deploy."""
-        return "deployed"
-
-    agent = scripted_agent(
-        "ops",
-        [call_tools(call("deploy", env="prod")), reply("Deployed.")],
-        tools=[deploy],
-        limits=so.Limits(ttl=3600),
-    )
-    clock = ManualClock(1_750_000_000.0)
-    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock) as rt:
-        sms = Texts()
-        async with manual(ChannelHub(rt, [sms], clock=clock)) as hub:
-            await rt.generate("ops", prompt="Deploy")
-            await hub.poll()
-            assert "\nExpires 2025-06-15 17:06 UTC" in sms.sent[0]
-            clock.advance(5 * 3600)
-            assert await rt.expire_due() == 1
-            await hub.poll()
-        assert len(sms.sent) == 2 and "2025-06-15 20:06 UTC" in sms.sent[1], sms.sent
+    spec = so.always(expires_in=7200)
+    sent = await _swept_late(tmp_path, spec, so.Limits(ttl=3600), "2025-06-15 17:06 UTC", 5)
+    assert len(sent) == 2 and "2025-06-15 20:06 UTC" in sent[1], sent
