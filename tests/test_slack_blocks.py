@@ -134,6 +134,21 @@ async def test_expired_and_withdrawn_requests_stay_visible_as_records(
         assert first_update["blocks"][1] == posted[1]  # the exact input is still shown
 
 
+def _wiping(on_timeout: Literal["deny", "approve"], runs: list[str]) -> so.Agent:
+    """An agent whose `wipe_cache` call (each run's region added to `runs`) asks an approval
+    that its 60 s deadline closes as `on_timeout` says."""
+
+    @so.tool(approval=so.always(expires_in=60, on_timeout=on_timeout))
+    async def wipe_cache(region: str) -> str:
+        """Wipe a cache."""
+        runs.append(region)
+        return "wiped"
+
+    return scripted_agent(
+        "ops", [call_tools(call("wipe_cache", region="eu")), reply("Done.")], tools=[wipe_cache]
+    )
+
+
 async def test_a_call_its_deadline_approved_reads_approved_automatically_not_expired(
     tmp_path: Path, slack_api: FakeSlack
 ) -> None:
@@ -143,16 +158,7 @@ async def test_a_call_its_deadline_approved_reads_approved_automatically_not_exp
     from signoff.testing import ManualClock
 
     runs: list[str] = []
-
-    @so.tool(approval=so.always(expires_in=60, on_timeout="approve"))
-    async def wipe_cache(region: str) -> str:
-        """Wipe a cache."""
-        runs.append(region)
-        return "wiped"
-
-    agent = scripted_agent(
-        "ops", [call_tools(call("wipe_cache", region="eu")), reply("Done.")], tools=[wipe_cache]
-    )
+    agent = _wiping("approve", runs)
     clock = ManualClock()
     async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock) as rt:
         (req,) = (await rt.generate("ops", prompt="Wipe eu")).pending
@@ -192,14 +198,7 @@ async def test_a_lapse_recorded_late_reads_closed_at_its_deadline(
     it had shown. It reads the deadline."""
     from signoff.testing import ManualClock
 
-    @so.tool(approval=so.always(expires_in=60, on_timeout=on_timeout))
-    async def wipe_cache(region: str) -> str:
-        """Wipe a cache."""
-        return "wiped"
-
-    agent = scripted_agent(
-        "ops", [call_tools(call("wipe_cache", region="eu")), reply("Done.")], tools=[wipe_cache]
-    )
+    agent = _wiping(on_timeout, [])
     clock = ManualClock()
     async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock) as rt:
         (req,) = (await rt.generate("ops", prompt="Wipe eu")).pending
